@@ -1,0 +1,45 @@
+package main
+
+// words is the default model's word vocabulary: common English words, a few with
+// characters outside ASCII so multi-byte text is exercised end to end. Every word becomes
+// one token (with SentencePiece's "▁" space marker) and so does every prefix of it, which
+// lets llama.cpp's SPM tokenizer merge a word into a single token.
+var words = []string{
+	"the", "of", "and", "to", "in", "is", "it", "that", "was", "for", "on", "are", "as",
+	"with", "his", "they", "at", "be", "this", "from", "have", "or", "by", "one", "had",
+	"not", "but", "what", "all", "were", "when", "we", "there", "can", "an", "your",
+	"which", "their", "said", "if", "do", "will", "each", "about", "how", "up", "out",
+	"them", "then", "she", "many", "some", "so", "these", "would", "other", "into", "has",
+	"more", "her", "two", "like", "him", "see", "time", "could", "no", "make", "than",
+	"first", "been", "its", "who", "now", "people", "my", "made", "over", "did", "down",
+	"only", "way", "find", "use", "may", "water", "long", "little", "very", "after",
+	"words", "called", "just", "where", "most", "know", "get", "through", "back", "much",
+	"before", "go", "good", "new", "write", "our", "used", "me", "man", "too", "any",
+	"day", "same", "right", "look", "think", "also", "around", "another", "came", "come",
+	"work", "three", "word", "must", "because", "does", "part", "even", "place", "well",
+	"such", "here", "take", "why", "things", "help", "put", "years", "different", "away",
+	"again", "off", "went", "old", "number", "great", "tell", "men", "say", "small",
+	"every", "found", "still", "between", "name", "should", "home", "big", "give", "air",
+	"line", "set", "own", "under", "read", "last", "never", "us", "left", "end", "along",
+	"while", "might", "next", "sound", "below", "saw", "something", "thought", "both",
+	"few", "those", "always", "show", "large", "often", "together", "asked", "house",
+	"world", "going", "want", "school", "important", "until", "form", "food", "keep",
+	"children", "feet", "land", "side", "without", "boy", "once", "animals", "life",
+	"enough", "took", "sometimes", "four", "head", "above", "kind", "began", "almost",
+	"live", "page", "got", "earth", "need", "far", "hand", "high", "year", "mother",
+	"light", "parts", "country", "father", "let", "night", "following", "picture",
+	"being", "study", "second", "eyes", "soon", "times", "story", "boys", "since",
+	"white", "days", "ever", "paper", "hard", "near", "sentence", "better", "best",
+	"across", "during", "today", "others", "however", "sure", "means", "knew", "try",
+	"told", "young", "miles", "sun", "ways", "thing", "whole", "hear", "example",
+	"heard", "several", "change", "answer", "room", "sea", "against", "top", "turned",
+	"learn", "point", "city", "play", "toward", "five", "using", "himself", "usually",
+	"money", "seen", "car", "morning", "river", "music", "question", "cluster", "node",
+	"model", "token", "memory", "network", "peer", "ring", "stream", "cache", "engine",
+	"quiet", "bright", "green", "blue", "red", "stone", "tree", "wind", "rain", "snow",
+	"fire", "road", "ship", "bird", "song", "dream", "garden", "window", "door", "table",
+	"bread", "milk", "friend", "letter", "market", "village", "mountain", "forest",
+	"ocean", "island", "bridge", "castle", "winter", "summer", "spring", "autumn",
+	"café", "naïve", "über", "façade", "jalapeño", "crème", "résumé", "smörgåsbord",
+	"日本", "東京", "世界", "こんにちは", "ñandú", "zürich",
+}

@@ -1,0 +1,432 @@
+// Package llama is infernode's thin cgo layer over llama.cpp, as compiled into the binary by
+// github.com/ollama/ollama/llama. It exposes exactly what the session engine needs and what
+// ollama's Go wrapper does not: a unified KV pool (kv_unified), per-sequence KV positions,
+// llama.cpp's native sampler chains, chat templates and model metadata.
+//
+// Nothing here is safe for concurrent use of one Context: the session engine owns each
+// Context from a single goroutine. Model methods that only read the vocabulary (Tokenize,
+// Piece, IsEOG, ApplyChatTemplate) may be called from any goroutine.
+//
+// The headers come from the ollama module (see the Makefile's CGO_CPPFLAGS); the compiled
+// llama.cpp objects come from importing ollama's package.
+package llama
+
+/*
+#cgo CPPFLAGS: -I${SRCDIR}/../../.build/include/llama -I${SRCDIR}/../../.build/include/ggml
+#include <stdlib.h>
+#include "llama.h"
+
+extern void infernodeLlamaLog(int level, char *text, void *user_data);
+
+static void set_log(void) {
+	llama_log_set((ggml_log_callback)infernodeLlamaLog, NULL);
+}
+
+static struct llama_batch batch_init(int32_t n) { return llama_batch_init(n, 0, 1); }
+
+static void batch_add(struct llama_batch *b, llama_token tok, llama_pos pos, llama_seq_id seq, bool logits) {
+	int i = b->n_tokens;
+	b->token[i] = tok;
+	b->pos[i] = pos;
+	b->n_seq_id[i] = 1;
+	b->seq_id[i][0] = seq;
+	b->logits[i] = logits;
+	b->n_tokens = i + 1;
+}
+*/
+import "C"
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"unsafe"
+
+	ollama "github.com/ollama/ollama/llama"
+)
+
+var initOnce sync.Once
+
+// Init loads llama.cpp's backends and routes its log output to slog (Info and below at
+// Debug, so a node's log is not flooded by model loading). It is safe to call more than once.
+func Init() {
+	initOnce.Do(func() {
+		ollama.BackendInit()
+		C.set_log()
+	})
+}
+
+//export infernodeLlamaLog
+func infernodeLlamaLog(level C.int, text *C.char, _ unsafe.Pointer) {
+	lvl := slog.LevelDebug
+	switch level {
+	case C.GGML_LOG_LEVEL_WARN:
+		lvl = slog.LevelWarn
+	case C.GGML_LOG_LEVEL_ERROR:
+		lvl = slog.LevelError
+	}
+	if !slog.Default().Enabled(context.Background(), lvl) {
+		return
+	}
+	if msg := strings.TrimSpace(C.GoString(text)); msg != "" {
+		slog.Log(context.Background(), lvl, msg, "component", "llama.cpp")
+	}
+}
+
+// Model is a loaded GGUF model.
+type Model struct {
+	c     *C.struct_llama_model
+	vocab *C.struct_llama_vocab
+}
+
+// LoadModel loads a GGUF file for CPU inference (memory-mapped).
+func LoadModel(path string) (*Model, error) {
+	Init()
+	p := C.llama_model_default_params()
+	p.n_gpu_layers = 0
+	p.use_mmap = true
+	cpath := C.CString(path)
+	defer C.free(unsafe.Pointer(cpath))
+	m := C.llama_model_load_from_file(cpath, p)
+	if m == nil {
+		return nil, fmt.Errorf("load model %s: llama.cpp could not load it (see log)", path)
+	}
+	return &Model{c: m, vocab: C.llama_model_get_vocab(m)}, nil
+}
+
+// Close frees the model. Contexts made from it must be closed first.
+func (m *Model) Close() {
+	if m.c != nil {
+		C.llama_model_free(m.c)
+		m.c = nil
+	}
+}
+
+// NumVocab is the number of tokens in the vocabulary.
+func (m *Model) NumVocab() int { return int(C.llama_vocab_n_tokens(m.vocab)) }
+
+// TrainContext is the context length the model was trained with.
+func (m *Model) TrainContext() int { return int(C.llama_model_n_ctx_train(m.c)) }
+
+// Description is llama.cpp's one-line description of the model (architecture, size, type).
+func (m *Model) Description() string {
+	var buf [256]C.char
+	n := C.llama_model_desc(m.c, &buf[0], C.size_t(len(buf)))
+	if n < 0 {
+		return ""
+	}
+	return C.GoString(&buf[0])
+}
+
+// Meta returns a metadata value of the GGUF file as a string.
+func (m *Model) Meta(key string) (string, bool) {
+	ckey := C.CString(key)
+	defer C.free(unsafe.Pointer(ckey))
+	buf := make([]byte, 1024)
+	for {
+		n := C.llama_model_meta_val_str(m.c, ckey, (*C.char)(unsafe.Pointer(&buf[0])), C.size_t(len(buf)))
+		if n < 0 {
+			return "", false
+		}
+		if int(n) < len(buf) {
+			return string(buf[:n]), true
+		}
+		buf = make([]byte, int(n)+1)
+	}
+}
+
+// ChatTemplate is the model's chat template, or "" when the GGUF has none.
+func (m *Model) ChatTemplate() string {
+	t := C.llama_model_chat_template(m.c, nil)
+	if t == nil {
+		return ""
+	}
+	return C.GoString(t)
+}
+
+// IsEOG reports whether a token ends generation (end of sequence, end of turn).
+func (m *Model) IsEOG(tok int32) bool { return bool(C.llama_vocab_is_eog(m.vocab, C.llama_token(tok))) }
+
+// Tokenize turns text into tokens. addSpecial adds the model's BOS token where it wants
+// one; parseSpecial turns control-token text such as <|im_start|> into those tokens.
+func (m *Model) Tokenize(text string, addSpecial, parseSpecial bool) ([]int32, error) {
+	if text == "" && !addSpecial {
+		return nil, nil
+	}
+	ctext := C.CString(text)
+	defer C.free(unsafe.Pointer(ctext))
+	toks := make([]int32, len(text)+2)
+	for {
+		n := C.llama_tokenize(m.vocab, ctext, C.int32_t(len(text)),
+			(*C.llama_token)(unsafe.Pointer(&toks[0])), C.int32_t(len(toks)), C.bool(addSpecial), C.bool(parseSpecial))
+		if n >= 0 {
+			return toks[:n], nil
+		}
+		if int(-n) <= len(toks) {
+			return nil, fmt.Errorf("tokenize: llama.cpp failed (%d)", n)
+		}
+		toks = make([]int32, -n)
+	}
+}
+
+// Piece returns the bytes a token stands for. Control tokens render as empty. A piece may
+// be part of a UTF-8 character (byte-fallback tokens): callers join pieces before decoding.
+func (m *Model) Piece(tok int32) []byte {
+	buf := make([]byte, 32)
+	for {
+		n := C.llama_token_to_piece(m.vocab, C.llama_token(tok), (*C.char)(unsafe.Pointer(&buf[0])), C.int32_t(len(buf)), 0, false)
+		if n >= 0 {
+			return buf[:n]
+		}
+		buf = make([]byte, -n)
+	}
+}
+
+// Message is one chat turn for ApplyChatTemplate.
+type Message struct {
+	Role, Content string
+}
+
+// ErrUnknownTemplate means llama.cpp does not recognise a chat template.
+var ErrUnknownTemplate = errors.New("chat template not supported by llama.cpp")
+
+// ApplyChatTemplate formats messages with a chat template: a Jinja template from a GGUF
+// (llama.cpp recognises the common families by their markers) or a built-in name such as
+// "chatml" or "llama3". addAssistant appends the opening of the assistant's turn.
+func ApplyChatTemplate(tmpl string, msgs []Message, addAssistant bool) (string, error) {
+	ctmpl := C.CString(tmpl)
+	defer C.free(unsafe.Pointer(ctmpl))
+	cmsgs := (*[1 << 20]C.struct_llama_chat_message)(C.malloc(C.size_t(max(len(msgs), 1)) * C.sizeof_struct_llama_chat_message))[:len(msgs):len(msgs)]
+	defer C.free(unsafe.Pointer(unsafe.SliceData(cmsgs)))
+	size := 0
+	for i, msg := range msgs {
+		cmsgs[i].role = C.CString(msg.Role)
+		cmsgs[i].content = C.CString(msg.Content)
+		size += len(msg.Role) + len(msg.Content)
+	}
+	defer func() {
+		for _, cm := range cmsgs {
+			C.free(unsafe.Pointer(cm.role))
+			C.free(unsafe.Pointer(cm.content))
+		}
+	}()
+	var first *C.struct_llama_chat_message
+	if len(cmsgs) > 0 {
+		first = &cmsgs[0]
+	}
+	buf := make([]byte, 2*size+256)
+	for {
+		n := C.llama_chat_apply_template(ctmpl, first, C.size_t(len(msgs)), C.bool(addAssistant),
+			(*C.char)(unsafe.Pointer(&buf[0])), C.int32_t(len(buf)))
+		if n < 0 {
+			return "", ErrUnknownTemplate
+		}
+		if int(n) <= len(buf) {
+			return string(buf[:n]), nil
+		}
+		buf = make([]byte, n)
+	}
+}
+
+// ContextParams configures a Context.
+type ContextParams struct {
+	Cells     int    // KV cells in all (llama.cpp's n_ctx)
+	Sequences int    // sequence ids the context holds at once (n_seq_max)
+	Batch     int    // tokens per llama_decode call (n_batch = n_ubatch)
+	Threads   int    // CPU threads for decode and prefill
+	Unified   bool   // one KV pool for all sequences (kv_unified) rather than fixed partitions
+	KVType    string // "f16" (default), "q8_0" or "q4_0"
+	FlashAttn bool   // flash attention (needed by a quantized V cache)
+}
+
+// Context is a llama.cpp inference context with its own KV cache.
+type Context struct {
+	c     *C.struct_llama_context
+	mem   C.llama_memory_t
+	model *Model
+}
+
+// NewContext makes an inference context for m.
+func NewContext(m *Model, p ContextParams) (*Context, error) {
+	cp := C.llama_context_default_params()
+	cp.n_ctx = C.uint32_t(p.Cells)
+	cp.n_batch = C.uint32_t(p.Batch)
+	cp.n_ubatch = C.uint32_t(p.Batch)
+	cp.n_seq_max = C.uint32_t(p.Sequences)
+	cp.n_threads = C.int32_t(p.Threads)
+	cp.n_threads_batch = C.int32_t(p.Threads)
+	cp.kv_unified = C.bool(p.Unified)
+	cp.no_perf = true
+	cp.embeddings = false
+	cp.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_DISABLED
+	if p.FlashAttn {
+		cp.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_ENABLED
+	}
+	switch strings.ToLower(p.KVType) {
+	case "", "f16":
+		cp.type_k, cp.type_v = C.GGML_TYPE_F16, C.GGML_TYPE_F16
+	case "q8_0":
+		cp.type_k, cp.type_v = C.GGML_TYPE_Q8_0, C.GGML_TYPE_Q8_0
+	case "q4_0":
+		cp.type_k, cp.type_v = C.GGML_TYPE_Q4_0, C.GGML_TYPE_Q4_0
+	default:
+		return nil, fmt.Errorf("new context: unknown KV cache type %q (want f16, q8_0 or q4_0)", p.KVType)
+	}
+	c := C.llama_init_from_model(m.c, cp)
+	if c == nil {
+		return nil, errors.New("new context: llama.cpp could not create it (see log)")
+	}
+	return &Context{c: c, mem: C.llama_get_memory(c), model: m}, nil
+}
+
+// Close frees the context. It is safe to call twice.
+func (c *Context) Close() {
+	if c.c != nil {
+		C.llama_free(c.c)
+		c.c = nil
+	}
+}
+
+// Cells is the KV cache size in cells (tokens) over all sequences.
+func (c *Context) Cells() int { return int(C.llama_n_ctx(c.c)) }
+
+// SeqCells is how many cells one sequence may use: Cells with a unified pool, an equal
+// share of it without.
+func (c *Context) SeqCells() int { return int(C.llama_n_ctx_seq(c.c)) }
+
+// Sequences is the number of sequence ids the context accepts.
+func (c *Context) Sequences() int { return int(C.llama_n_seq_max(c.c)) }
+
+// ErrNoKVSlot means llama_decode found no room in the KV cache for the batch.
+var ErrNoKVSlot = errors.New("decode: no KV cache slot for the batch")
+
+// Decode runs the model over a batch.
+func (c *Context) Decode(b *Batch) error {
+	switch rc := C.llama_decode(c.c, b.c); {
+	case rc == 0:
+		return nil
+	case rc == 1:
+		return ErrNoKVSlot
+	default:
+		return fmt.Errorf("decode: llama_decode returned %d", rc)
+	}
+}
+
+// SeqRemove drops a sequence's KV cells at positions [from, to); to < 0 means to the end.
+func (c *Context) SeqRemove(seq, from, to int) bool {
+	return bool(C.llama_memory_seq_rm(c.mem, C.llama_seq_id(seq), C.llama_pos(from), C.llama_pos(to)))
+}
+
+// SeqPosMax is the largest position a sequence holds in the KV cache, or -1 when it holds none.
+func (c *Context) SeqPosMax(seq int) int {
+	return int(C.llama_memory_seq_pos_max(c.mem, C.llama_seq_id(seq)))
+}
+
+// Clear empties the whole KV cache.
+func (c *Context) Clear() { C.llama_memory_clear(c.mem, true) }
+
+// Batch is a llama_batch of tokens, each for one sequence.
+type Batch struct {
+	c   C.struct_llama_batch
+	cap int
+}
+
+// NewBatch allocates a batch of up to n tokens.
+func NewBatch(n int) *Batch { return &Batch{c: C.batch_init(C.int32_t(n)), cap: n} }
+
+// Add appends a token at position pos of sequence seq. logits asks for its output row,
+// which Sample reads by the token's index in the batch. It returns that index.
+func (b *Batch) Add(tok int32, pos, seq int, logits bool) int {
+	if b.Len() >= b.cap {
+		panic("llama: batch overflow") // a bug in the caller's budget, never input-driven
+	}
+	i := b.Len()
+	C.batch_add(&b.c, C.llama_token(tok), C.llama_pos(pos), C.llama_seq_id(seq), C.bool(logits))
+	return i
+}
+
+// Len is the number of tokens in the batch.
+func (b *Batch) Len() int { return int(b.c.n_tokens) }
+
+// Cap is the most tokens the batch holds.
+func (b *Batch) Cap() int { return b.cap }
+
+// Clear empties the batch.
+func (b *Batch) Clear() { b.c.n_tokens = 0 }
+
+// Free releases the batch's memory.
+func (b *Batch) Free() {
+	if b.cap > 0 {
+		C.llama_batch_free(b.c)
+		b.cap = 0
+	}
+}
+
+// SamplerParams configures a sampler chain. Zero values switch a stage off, except
+// Temperature: 0 means greedy.
+type SamplerParams struct {
+	Temperature      float32
+	TopK             int
+	TopP             float32 // 1 disables
+	MinP             float32
+	RepeatLastN      int // tokens the penalties look back over
+	RepeatPenalty    float32
+	FrequencyPenalty float32
+	PresencePenalty  float32
+	Seed             uint32
+}
+
+// Sampler is a llama.cpp sampler chain with its own RNG and penalty history.
+type Sampler struct {
+	c *C.struct_llama_sampler
+}
+
+// NewSampler builds the chain penalties → top-k → top-p → min-p → temperature → draw (or
+// greedy when Temperature is 0), the order llama.cpp's own server uses.
+func NewSampler(p SamplerParams) *Sampler {
+	chain := C.llama_sampler_chain_init(C.llama_sampler_chain_default_params())
+	add := func(s *C.struct_llama_sampler) { C.llama_sampler_chain_add(chain, s) }
+	if p.RepeatLastN != 0 && (p.RepeatPenalty != 1 && p.RepeatPenalty != 0 || p.FrequencyPenalty != 0 || p.PresencePenalty != 0) {
+		rp := p.RepeatPenalty
+		if rp == 0 {
+			rp = 1
+		}
+		add(C.llama_sampler_init_penalties(C.int32_t(p.RepeatLastN), C.float(rp), C.float(p.FrequencyPenalty), C.float(p.PresencePenalty)))
+	}
+	if p.Temperature <= 0 {
+		add(C.llama_sampler_init_greedy())
+		return &Sampler{c: chain}
+	}
+	if p.TopK > 0 {
+		add(C.llama_sampler_init_top_k(C.int32_t(p.TopK)))
+	}
+	if p.TopP > 0 && p.TopP < 1 {
+		add(C.llama_sampler_init_top_p(C.float(p.TopP), 1))
+	}
+	if p.MinP > 0 {
+		add(C.llama_sampler_init_min_p(C.float(p.MinP), 1))
+	}
+	add(C.llama_sampler_init_temp(C.float(p.Temperature)))
+	add(C.llama_sampler_init_dist(C.uint32_t(p.Seed)))
+	return &Sampler{c: chain}
+}
+
+// Accept feeds a token the sampler did not choose (a prompt token) into its penalty history.
+func (s *Sampler) Accept(tok int32) { C.llama_sampler_accept(s.c, C.llama_token(tok)) }
+
+// Sample picks the next token from the logits of batch index idx of the last Decode and
+// records it in the sampler's history.
+func (s *Sampler) Sample(c *Context, idx int) int32 {
+	return int32(C.llama_sampler_sample(s.c, c.c, C.int32_t(idx)))
+}
+
+// Free releases the sampler. It is safe to call twice.
+func (s *Sampler) Free() {
+	if s.c != nil {
+		C.llama_sampler_free(s.c)
+		s.c = nil
+	}
+}
