@@ -1,0 +1,84 @@
+package session
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"time"
+)
+
+// Config configures an Engine. Build one with DefaultConfig and change what you need.
+type Config struct {
+	// ModelPath is the GGUF file to load. Required.
+	ModelPath string
+	// Cells is the number of KV cache cells (tokens) over all sequences. Default 8192.
+	Cells int
+	// Sequences is how many conversations the context holds at once, running or cached
+	// idle. Default 8.
+	Sequences int
+	// BatchSize is the most tokens one step decodes: one per running sequence plus prefill
+	// chunks. Default 512.
+	BatchSize int
+	// Threads is the number of CPU threads llama.cpp uses. Default: all CPUs.
+	Threads int
+	// UnifiedKV makes all sequences share one pool of Cells (llama.cpp's kv_unified), so a
+	// long conversation can use what short ones leave free. Without it every sequence gets
+	// a fixed Cells/Sequences partition. Default true; see docs/ARCHITECTURE.md.
+	UnifiedKV bool
+	// KVType is the KV cache element type: f16, q8_0 or q4_0. Default f16.
+	KVType string
+	// DefaultMaxTokens caps generation when a request names no limit. Every admitted
+	// request reserves KV cells for its prompt plus its token limit, so this bounds how
+	// much of the pool one request holds. Default 1024.
+	DefaultMaxTokens int
+	// MaxQueue is how many requests may wait for admission; more are refused at once
+	// with ErrOverloaded. Default 64.
+	MaxQueue int
+	// QueueTimeout is how long a request may wait for admission before it is refused with
+	// ErrOverloaded. Default 30s.
+	QueueTimeout time.Duration
+	// Seed seeds the engine's random source, which draws the seeds of requests that ask
+	// for a random one. It is logged at start so a run can be replayed. Default 0: from
+	// the clock.
+	Seed uint64
+	// Logger receives the engine's logs. Nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// DefaultConfig returns the configuration infernode runs with unless told otherwise.
+func DefaultConfig() Config {
+	return Config{
+		Cells:            8192,             // 8 sequences of 1k tokens, or fewer longer ones
+		Sequences:        8,                // 2.5x aggregate decode at 8 on 2 cores (docs/BENCHMARKS.md)
+		BatchSize:        512,              // prefill chunk large enough to reach full speed
+		Threads:          runtime.NumCPU(), // the engine is the process's main work
+		UnifiedKV:        true,
+		KVType:           "f16",
+		DefaultMaxTokens: 1024,
+		MaxQueue:         64,
+		QueueTimeout:     30 * time.Second,
+	}
+}
+
+// Validate reports every problem with c at once.
+func (c Config) Validate() error {
+	var errs []error
+	check := func(ok bool, format string, args ...any) {
+		if !ok {
+			errs = append(errs, fmt.Errorf(format, args...))
+		}
+	}
+	check(c.ModelPath != "", "model path is required")
+	check(c.Sequences >= 1 && c.Sequences <= 256, "sequences must be in [1, 256], got %d", c.Sequences)
+	check(c.BatchSize >= c.Sequences, "batch size %d must be at least the number of sequences %d", c.BatchSize, c.Sequences)
+	check(c.Cells >= 16, "KV cells must be at least 16, got %d", c.Cells)
+	check(c.UnifiedKV || c.Sequences == 0 || c.Cells/max(c.Sequences, 1) >= 16,
+		"KV cells %d leave fewer than 16 per sequence without a unified pool", c.Cells)
+	check(c.Threads >= 1, "threads must be at least 1, got %d", c.Threads)
+	check(c.KVType == "f16" || c.KVType == "q8_0" || c.KVType == "q4_0", "KV type must be f16, q8_0 or q4_0, got %q", c.KVType)
+	check(c.DefaultMaxTokens >= 1, "default max tokens must be at least 1, got %d", c.DefaultMaxTokens)
+	check(c.MaxQueue >= 0, "max queue must not be negative, got %d", c.MaxQueue)
+	check(c.QueueTimeout > 0, "queue timeout must be positive, got %v", c.QueueTimeout)
+	return errors.Join(errs...)
+}

@@ -1,0 +1,326 @@
+package session
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/infernode/infernode/session/llama"
+)
+
+// Engine runs one model on one llama.cpp context for many concurrent requests.
+type Engine struct {
+	cfg   Config
+	log   *slog.Logger
+	model *llama.Model
+	lctx  *llama.Context
+	batch *llama.Batch
+	rng   *rand.Rand // seeds for requests asking for a random one; engine goroutine only
+
+	seqCells int // cells one sequence may use
+
+	mu      sync.Mutex
+	waiting []*job // FIFO, at most cfg.MaxQueue; guarded by mu
+	running bool   // Run is in its loop; guarded by mu
+	refused uint64 // requests refused at Submit; guarded by mu
+	wake    chan struct{}
+
+	// Engine-goroutine state.
+	slots []*slot
+	jobs  []*job // admitted, in admission order
+	tick  uint64 // step counter, the LRU clock
+
+	stats     atomic.Pointer[Stats]
+	ready     atomic.Bool
+	closeOnce sync.Once
+}
+
+// slot is one llama.cpp sequence: a conversation's cached tokens, whose KV occupies cells
+// at positions 0..len(tokens)-1.
+type slot struct {
+	seq      int
+	key      string // conversation id; "" when anonymous
+	tokens   []int32
+	job      *job // running request, or nil when idle
+	lastUsed uint64
+}
+
+// job is an accepted request as the engine tracks it.
+type job struct {
+	ctx       context.Context
+	req       Request
+	prompt    []int32
+	maxTokens int
+	stream    *Stream
+	submitted time.Time
+
+	// Set at admission.
+	slot     *slot
+	sampler  *llama.Sampler
+	filter   *textFilter
+	admitted time.Time
+	cached   int
+	pending  []int32 // tokens to feed: the rest of the prompt, then the last sampled token
+	logitIdx int     // batch index of this job's logits in the current step, or -1
+	fed      int     // tokens of pending in the current step's batch
+	first    time.Time
+	gen      int
+}
+
+// reserve is how many KV cells the job may use in all.
+func (j *job) reserve() int { return len(j.prompt) + j.maxTokens }
+
+// Stats is a snapshot of the engine, updated after every step.
+type Stats struct {
+	Sequences      int // sequence slots
+	Running        int // requests being prefilled or decoded
+	Waiting        int // requests queued for admission
+	Conversations  int // idle conversations with cached KV
+	KVCells        int // cells in the KV cache
+	KVUsed         int // cells holding tokens, as llama.cpp reports
+	PromptTokens   uint64
+	ReusedTokens   uint64 // prompt tokens served from cache instead of prefilled
+	Generated      uint64
+	Evictions      uint64 // idle conversations evicted to make room
+	Canceled       uint64 // requests ended by their context
+	Refused        uint64 // requests refused as overloaded
+	Steps          uint64
+	BatchedTokens  uint64 // tokens decoded over all steps
+	StepTimeMicros uint64 // time spent in llama_decode over all steps
+}
+
+// New loads the model and creates the context. It starts nothing: Run does the work.
+func New(cfg Config) (*Engine, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("session config: %w", err)
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	log = log.With("component", "session")
+	model, err := llama.LoadModel(cfg.ModelPath)
+	if err != nil {
+		return nil, err
+	}
+	lctx, err := llama.NewContext(model, llama.ContextParams{
+		Cells: cfg.Cells, Sequences: cfg.Sequences, Batch: cfg.BatchSize, Threads: cfg.Threads,
+		Unified: cfg.UnifiedKV, KVType: cfg.KVType, FlashAttn: cfg.KVType != "f16",
+	})
+	if err != nil {
+		model.Close()
+		return nil, err
+	}
+	seed := cfg.Seed
+	if seed == 0 {
+		seed = uint64(time.Now().UnixNano())
+	}
+	e := &Engine{
+		cfg: cfg, log: log, model: model, lctx: lctx,
+		batch:    llama.NewBatch(cfg.BatchSize),
+		rng:      rand.New(rand.NewPCG(seed, seed>>32|1)),
+		seqCells: lctx.SeqCells(),
+		wake:     make(chan struct{}, 1),
+	}
+	for i := range cfg.Sequences {
+		e.slots = append(e.slots, &slot{seq: i})
+	}
+	e.publishStats(&Stats{})
+	log.Info("engine created", "model", cfg.ModelPath, "desc", model.Description(),
+		"cells", lctx.Cells(), "seq_cells", e.seqCells, "sequences", cfg.Sequences,
+		"batch", cfg.BatchSize, "threads", cfg.Threads, "unified_kv", cfg.UnifiedKV, "seed", seed)
+	return e, nil
+}
+
+// Model is the loaded model, for tokenizing and chat templates.
+func (e *Engine) Model() *llama.Model { return e.model }
+
+// SeqCells is the most tokens (prompt plus generated) one request can hold.
+func (e *Engine) SeqCells() int { return e.seqCells }
+
+// Ready reports whether Run has warmed the model and is serving.
+func (e *Engine) Ready() bool { return e.ready.Load() }
+
+// Stats returns the latest snapshot.
+func (e *Engine) Stats() Stats {
+	s := *e.stats.Load()
+	e.mu.Lock()
+	s.Waiting = len(e.waiting)
+	s.Refused += e.refused
+	e.mu.Unlock()
+	return s
+}
+
+// Close frees the model and context. Call it after Run has returned; it is safe to call
+// twice.
+func (e *Engine) Close() {
+	e.closeOnce.Do(func() {
+		e.batch.Free()
+		e.lctx.Close()
+		e.model.Close()
+	})
+}
+
+// Submit validates and tokenizes a request and queues it. Errors it returns are final for
+// this request: ErrInvalid (and ErrPromptTooLong) for bad input, ErrOverloaded when the
+// queue is full, ErrClosed when the engine is not running. Otherwise the request's outcome
+// arrives on the Stream, which always ends. Canceling ctx cancels the request.
+func (e *Engine) Submit(ctx context.Context, req Request) (*Stream, error) {
+	if err := req.validate(); err != nil {
+		return nil, err
+	}
+	prompt, err := e.model.Tokenize(req.Prompt, true, true)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	// A sequence needs room for the prompt and at least one generated token.
+	if len(prompt) >= e.seqCells {
+		return nil, &PromptTooLongError{Tokens: len(prompt), Limit: e.seqCells - 1}
+	}
+	maxTokens := req.MaxTokens
+	if maxTokens == 0 {
+		maxTokens = e.cfg.DefaultMaxTokens
+	}
+	maxTokens = min(maxTokens, e.seqCells-len(prompt))
+	j := &job{ctx: ctx, req: req, prompt: prompt, maxTokens: maxTokens, stream: newStream(), submitted: time.Now()}
+
+	e.mu.Lock()
+	switch {
+	case !e.running:
+		e.mu.Unlock()
+		return nil, ErrClosed
+	case len(e.waiting) >= e.cfg.MaxQueue:
+		e.refused++
+		e.mu.Unlock()
+		return nil, ErrOverloaded
+	}
+	e.waiting = append(e.waiting, j)
+	e.mu.Unlock()
+	e.signal()
+	return j.stream, nil
+}
+
+func (e *Engine) signal() {
+	select {
+	case e.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Run warms the model and serves requests until ctx ends. Requests still queued or
+// running then end with ErrClosed.
+func (e *Engine) Run(ctx context.Context) error {
+	if err := e.warm(); err != nil {
+		return err
+	}
+	e.mu.Lock()
+	e.running = true
+	e.mu.Unlock()
+	e.ready.Store(true)
+	e.log.Info("engine ready")
+	defer e.shutdown()
+
+	stats := &Stats{}
+	for {
+		if ctx.Err() != nil {
+			return nil
+		}
+		e.expire(stats)
+		e.admit(stats)
+		if len(e.jobs) == 0 {
+			e.publishStats(stats)
+			timeout := e.nextDeadline()
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-e.wake:
+			case <-timeout:
+			}
+			continue
+		}
+		e.step(stats)
+		e.publishStats(stats)
+	}
+}
+
+// warm decodes one token so the first request does not pay for lazy initialisation.
+func (e *Engine) warm() error {
+	bos, err := e.model.Tokenize("", true, false)
+	if err != nil || len(bos) == 0 {
+		bos = []int32{0}
+	}
+	e.batch.Clear()
+	e.batch.Add(bos[0], 0, 0, true)
+	if err := e.lctx.Decode(e.batch); err != nil {
+		return fmt.Errorf("warm up: %w", err)
+	}
+	e.lctx.Clear()
+	return nil
+}
+
+// shutdown ends every request with ErrClosed.
+func (e *Engine) shutdown() {
+	e.ready.Store(false)
+	e.mu.Lock()
+	e.running = false
+	waiting := e.waiting
+	e.waiting = nil
+	e.mu.Unlock()
+	for _, j := range waiting {
+		e.finish(j, "", ErrClosed)
+	}
+	for _, j := range slices.Clone(e.jobs) {
+		e.finish(j, "", ErrClosed)
+	}
+	e.log.Info("engine stopped")
+}
+
+// nextDeadline is a timer for the earliest queue timeout, or nil when nothing waits.
+func (e *Engine) nextDeadline() <-chan time.Time {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(e.waiting) == 0 {
+		return nil
+	}
+	return time.After(time.Until(e.waiting[0].submitted.Add(e.cfg.QueueTimeout)))
+}
+
+// expire ends running and waiting requests whose context is done, and waiting ones past
+// the queue timeout.
+func (e *Engine) expire(stats *Stats) {
+	for _, j := range slices.Clone(e.jobs) {
+		if err := j.ctx.Err(); err != nil {
+			stats.Canceled++
+			e.finish(j, "", fmt.Errorf("%w: %w", ErrCanceled, err))
+		}
+	}
+	now := time.Now()
+	var canceled, timedOut []*job
+	e.mu.Lock()
+	e.waiting = slices.DeleteFunc(e.waiting, func(j *job) bool {
+		switch {
+		case j.ctx.Err() != nil:
+			canceled = append(canceled, j)
+		case now.Sub(j.submitted) >= e.cfg.QueueTimeout:
+			timedOut = append(timedOut, j)
+		default:
+			return false
+		}
+		return true
+	})
+	e.mu.Unlock()
+	for _, j := range canceled {
+		stats.Canceled++
+		e.finish(j, "", fmt.Errorf("%w: %w", ErrCanceled, j.ctx.Err()))
+	}
+	for _, j := range timedOut {
+		stats.Refused++
+		e.log.Warn("request refused", "reason", "queue timeout", "waited", now.Sub(j.submitted))
+		e.finish(j, "", fmt.Errorf("%w: waited %v for a sequence", ErrOverloaded, e.cfg.QueueTimeout))
+	}
+}

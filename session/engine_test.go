@@ -1,0 +1,425 @@
+package session
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+	"unicode/utf8"
+)
+
+// startEngine runs an engine on the default model (INFERNODE_TEST_MODEL, set by make test)
+// until the test ends.
+func startEngine(t *testing.T, edit func(*Config)) *Engine {
+	t.Helper()
+	path := os.Getenv("INFERNODE_TEST_MODEL")
+	if path == "" {
+		t.Skip("INFERNODE_TEST_MODEL not set; run through make test")
+	}
+	cfg := DefaultConfig()
+	cfg.ModelPath = path
+	cfg.Cells = 4096
+	cfg.Seed = 1
+	cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), nil))
+	if edit != nil {
+		edit(&cfg)
+	}
+	e, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+		e.Close()
+	})
+	waitFor(t, "engine ready", e.Ready)
+	return e
+}
+
+// waitFor polls cond until it holds or 10 seconds pass.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func generate(t *testing.T, e *Engine, req Request) (string, Result) {
+	t.Helper()
+	s, err := e.Submit(t.Context(), req)
+	if err != nil {
+		t.Fatalf("Submit: %v", err)
+	}
+	text, res, err := s.Collect()
+	if err != nil {
+		t.Fatalf("generate %q: %v", req.Prompt, err)
+	}
+	return text, res
+}
+
+func greedy(session, prompt string, maxTokens int) Request {
+	return Request{SessionID: session, Prompt: prompt, MaxTokens: maxTokens, Sampling: Greedy()}
+}
+
+// prompts of different lengths, for batching tests.
+func prompts(n int) []string {
+	var out []string
+	for i := range n {
+		out = append(out, strings.Repeat("the river and the green mountain ", 1+3*i)+fmt.Sprintf("story %d", i))
+	}
+	return out
+}
+
+func TestBatchedGreedyMatchesAlone(t *testing.T) {
+	for _, unified := range []bool{true, false} {
+		t.Run(fmt.Sprintf("unified=%v", unified), func(t *testing.T) {
+			e := startEngine(t, func(c *Config) { c.UnifiedKV = unified; c.BatchSize = 64 })
+			ps := prompts(8)
+			alone := make([]string, len(ps))
+			for i, p := range ps {
+				alone[i], _ = generate(t, e, greedy("", p, 32))
+			}
+			batched := make([]string, len(ps))
+			var wg sync.WaitGroup
+			for i, p := range ps {
+				wg.Go(func() { batched[i], _ = generate(t, e, greedy("", p, 32)) })
+			}
+			wg.Wait()
+			for i := range ps {
+				if batched[i] != alone[i] {
+					t.Errorf("prompt %d: batched %q, alone %q", i, batched[i], alone[i])
+				}
+			}
+			if st := e.Stats(); st.BatchedTokens <= st.Steps {
+				t.Errorf("stats %+v: no step decoded more than one token; nothing was batched", st)
+			}
+		})
+	}
+}
+
+func TestPrefixReuseMatchesCold(t *testing.T) {
+	e := startEngine(t, nil)
+	turn1 := "<|im_start|>user\n" + strings.Repeat("the quiet river runs to the sea ", 20) + "<|im_end|>\n<|im_start|>assistant\n"
+	answer, res1 := generate(t, e, greedy("conv", turn1, 16))
+	if res1.CachedTokens != 0 {
+		t.Errorf("first turn reused %d tokens, want 0", res1.CachedTokens)
+	}
+	turn2 := turn1 + answer + "<|im_end|>\n<|im_start|>user\nand then what<|im_end|>\n<|im_start|>assistant\n"
+	warm, res2 := generate(t, e, greedy("conv", turn2, 16))
+	cold, res3 := generate(t, e, greedy("other", turn2, 16))
+	if res2.CachedTokens < res1.PromptTokens-1 {
+		t.Errorf("second turn reused %d tokens, want at least the first prompt's %d", res2.CachedTokens, res1.PromptTokens-1)
+	}
+	if res3.CachedTokens != 0 {
+		t.Errorf("cold run reused %d tokens, want 0", res3.CachedTokens)
+	}
+	if warm != cold {
+		t.Errorf("second turn from cache = %q, cold = %q", warm, cold)
+	}
+	// The same prompt again: everything but the last token comes from cache.
+	_, res4 := generate(t, e, greedy("other", turn2, 1))
+	if res4.CachedTokens != res4.PromptTokens-1 {
+		t.Errorf("repeat reused %d of %d tokens, want all but one", res4.CachedTokens, res4.PromptTokens)
+	}
+}
+
+func TestEvictionLRU(t *testing.T) {
+	t.Run("slots", func(t *testing.T) {
+		e := startEngine(t, func(c *Config) { c.Sequences = 2 })
+		ps := prompts(3)
+		first := make([]string, 3)
+		for i, p := range ps {
+			first[i], _ = generate(t, e, greedy(fmt.Sprint("c", i), p, 8))
+		}
+		// c0 was least recently used when c2 arrived: it was evicted and must be re-prefilled.
+		again, res := generate(t, e, greedy("c0", ps[0], 8))
+		if res.CachedTokens != 0 {
+			t.Errorf("evicted conversation reused %d tokens, want 0", res.CachedTokens)
+		}
+		if again != first[0] {
+			t.Errorf("after eviction: %q, want %q", again, first[0])
+		}
+		// c2 is still cached.
+		if _, res := generate(t, e, greedy("c2", ps[2], 8)); res.CachedTokens == 0 {
+			t.Error("most recent conversation was evicted")
+		}
+		if st := e.Stats(); st.Evictions < 2 {
+			t.Errorf("evictions = %d, want at least 2", st.Evictions)
+		}
+	})
+	t.Run("cells", func(t *testing.T) {
+		// 4 slots but cells for about two conversations at a time.
+		e := startEngine(t, func(c *Config) { c.Sequences = 4; c.Cells = 256; c.DefaultMaxTokens = 16 })
+		p := strings.Repeat("the bird ", 40) // ~81 tokens + 16 reserved
+		for i := range 4 {
+			generate(t, e, greedy(fmt.Sprint("c", i), fmt.Sprint(p, i), 0))
+		}
+		st := e.Stats()
+		if st.Evictions == 0 || st.KVUsed > 256 {
+			t.Errorf("stats %+v: want evictions, and no more than 256 cells used", st)
+		}
+		if _, res := generate(t, e, greedy("c3", fmt.Sprint(p, 3), 0)); res.CachedTokens == 0 {
+			t.Error("most recent conversation was evicted")
+		}
+	})
+}
+
+func TestCancel(t *testing.T) {
+	e := startEngine(t, nil)
+	ctx, cancel := context.WithCancel(t.Context())
+	s, err := e.Submit(ctx, greedy("", "the long story", 4000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	before := e.Stats().Steps
+	cancel()
+	for err == nil {
+		_, err = s.Recv()
+	}
+	if !errors.Is(err, ErrCanceled) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("Recv after cancel = %v, want ErrCanceled", err)
+	}
+	waitFor(t, "no running sequences", func() bool { return e.Stats().Running == 0 })
+	if steps := e.Stats().Steps - before; steps > 2 {
+		t.Errorf("request ran %d steps after cancel, want at most 2", steps)
+	}
+
+	// 100 cycles of submit, first text, cancel: nothing may leak.
+	for i := range 100 {
+		ctx, cancel := context.WithCancel(t.Context())
+		s, err := e.Submit(ctx, greedy("", fmt.Sprint("the river ", i), 4000))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i%2 == 0 { // half are canceled before they produce anything
+			s.Recv()
+		}
+		cancel()
+		if _, _, err := s.Collect(); !errors.Is(err, ErrCanceled) {
+			t.Fatalf("cycle %d: %v, want ErrCanceled", i, err)
+		}
+	}
+	waitFor(t, "idle engine", func() bool { st := e.Stats(); return st.Running == 0 && st.Waiting == 0 })
+	if st := e.Stats(); st.KVUsed != 0 || st.Canceled != 101 {
+		t.Errorf("after 100 cancel cycles: %+v; want 0 KV cells used, 101 canceled", st)
+	}
+	// And the engine still answers.
+	if text, _ := generate(t, e, greedy("", "the sea", 4)); text == "" {
+		t.Error("no answer after cancel cycles")
+	}
+}
+
+func TestCancelDuringPrefill(t *testing.T) {
+	e := startEngine(t, func(c *Config) { c.BatchSize = 16 })
+	long := strings.Repeat("the quiet river runs to the sea ", 150) // ~1,000 tokens: ~60 steps
+	for i := range 10 {
+		ctx, cancel := context.WithCancel(t.Context())
+		s, err := e.Submit(ctx, greedy(fmt.Sprint("c", i), long, 8))
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "admission", func() bool { return e.Stats().Running == 1 })
+		cancel()
+		text, res, err := s.Collect()
+		if !errors.Is(err, ErrCanceled) || text != "" || res.CompletionTokens != 0 {
+			t.Fatalf("cancel during prefill: %q, %+v, %v; want ErrCanceled before any token", text, res, err)
+		}
+		waitFor(t, "no running sequences", func() bool { return e.Stats().Running == 0 })
+	}
+	// The partial prefills stay cached as conversations (their KV is valid); they hold at
+	// most one prompt's worth of cells each and the engine still answers.
+	st := e.Stats()
+	if st.KVUsed > st.Conversations*1000 || st.Conversations > st.Sequences {
+		t.Errorf("after canceled prefills: %+v", st)
+	}
+	if text, _ := generate(t, e, greedy("", "the sea", 4)); text == "" {
+		t.Error("no answer after canceled prefills")
+	}
+}
+
+func TestStopStrings(t *testing.T) {
+	e := startEngine(t, nil)
+	full, _ := generate(t, e, greedy("", "the bright river", 24))
+	words := strings.Fields(full)
+	if len(words) < 6 {
+		t.Fatalf("output %q too short to test stops", full)
+	}
+	// A stop string spanning two tokens: the end of word 3 and the start of word 4.
+	w3, w4 := words[3], words[4]
+	stop := w3[len(w3)-1:] + " " + w4[:1]
+	want := full[:strings.Index(full, stop)]
+	req := greedy("", "the bright river", 24)
+	req.Stop = []string{"never appears", stop}
+	got, res := generate(t, e, req)
+	if got != want || res.FinishReason != "stop" {
+		t.Errorf("with stop %q: %q (%s), want %q (stop)", stop, got, res.FinishReason, want)
+	}
+}
+
+func TestMultibyteNeverSplit(t *testing.T) {
+	e := startEngine(t, nil)
+	m := e.Model()
+	// "€" and "ß" are not in the vocabulary: they tokenize to byte-fallback tokens whose
+	// pieces are single bytes.
+	text := "€ ß 日本"
+	toks, err := m.Tokenize(text, false, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newTextFilter(nil)
+	var out strings.Builder
+	partial := 0
+	for _, tok := range toks {
+		p := m.Piece(tok)
+		if !utf8.Valid(p) {
+			partial++
+		}
+		s, _ := f.push(p)
+		if !utf8.ValidString(s) {
+			t.Fatalf("emitted %q: not valid UTF-8", s)
+		}
+		out.WriteString(s)
+	}
+	out.WriteString(f.flush())
+	if partial == 0 {
+		t.Fatalf("no token of %q is a partial character; the test proves nothing", text)
+	}
+	if got := strings.TrimPrefix(out.String(), " "); got != text {
+		t.Errorf("filtered pieces = %q, want %q", got, text)
+	}
+}
+
+func TestInvalidRequests(t *testing.T) {
+	e := startEngine(t, func(c *Config) { c.Cells = 512 })
+	long := strings.Repeat("the river ", 600)
+	tests := []struct {
+		name string
+		req  Request
+		want error
+	}{
+		{"negative max tokens", Request{Prompt: "a", MaxTokens: -5, Sampling: Greedy()}, ErrInvalid},
+		{"negative temperature", Request{Prompt: "a", Sampling: Sampling{Temperature: -1, TopP: 1}}, ErrInvalid},
+		{"top_p zero", Request{Prompt: "a", Sampling: Sampling{TopP: 0}}, ErrInvalid},
+		{"top_p above one", Request{Prompt: "a", Sampling: Sampling{TopP: 1.5}}, ErrInvalid},
+		{"empty prompt", Request{Prompt: "", Sampling: Greedy()}, ErrInvalid},
+		{"prompt too long", Request{Prompt: long, Sampling: Greedy()}, ErrPromptTooLong},
+	}
+	seen := map[string]bool{}
+	for _, tt := range tests {
+		_, err := e.Submit(t.Context(), tt.req)
+		if !errors.Is(err, tt.want) {
+			t.Errorf("%s: Submit = %v, want %v", tt.name, err, tt.want)
+			continue
+		}
+		if seen[err.Error()] {
+			t.Errorf("%s: error %q is not distinct", tt.name, err)
+		}
+		seen[err.Error()] = true
+	}
+	if st := e.Stats(); st.Running != 0 || st.Waiting != 0 || st.PromptTokens != 0 {
+		t.Errorf("invalid requests changed the engine: %+v", st)
+	}
+	if text, _ := generate(t, e, greedy("", "the sea", 4)); text == "" {
+		t.Error("no answer after invalid requests")
+	}
+}
+
+func TestOverloaded(t *testing.T) {
+	e := startEngine(t, func(c *Config) {
+		c.Sequences, c.BatchSize, c.MaxQueue, c.QueueTimeout = 1, 8, 1, 200*time.Millisecond
+	})
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	busy, err := e.Submit(ctx, greedy("", "the long story", 4000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	busy.Recv() // running
+	queued, err := e.Submit(t.Context(), greedy("", "the sea", 4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Submit(t.Context(), greedy("", "the sky", 4)); !errors.Is(err, ErrOverloaded) {
+		t.Errorf("Submit with a full queue = %v, want ErrOverloaded", err)
+	}
+	if _, _, err := queued.Collect(); !errors.Is(err, ErrOverloaded) {
+		t.Errorf("queued past its timeout: %v, want ErrOverloaded", err)
+	}
+	waitFor(t, "both refusals counted", func() bool { return e.Stats().Refused == 2 })
+	cancel()
+	busy.Collect()
+	if text, _ := generate(t, e, greedy("", "the sea", 4)); text == "" {
+		t.Error("no answer after overload")
+	}
+}
+
+func TestRunEndClosesStreams(t *testing.T) {
+	path := os.Getenv("INFERNODE_TEST_MODEL")
+	if path == "" {
+		t.Skip("INFERNODE_TEST_MODEL not set; run through make test")
+	}
+	cfg := DefaultConfig()
+	cfg.ModelPath, cfg.Cells = path, 2048
+	cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), nil))
+	e, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	if _, err := e.Submit(t.Context(), greedy("", "a", 1)); !errors.Is(err, ErrClosed) {
+		t.Errorf("Submit before Run = %v, want ErrClosed", err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	waitFor(t, "engine ready", e.Ready)
+	s, err := e.Submit(t.Context(), greedy("", "the long story", 4000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Recv()
+	cancel()
+	if _, _, err := s.Collect(); !errors.Is(err, ErrClosed) {
+		t.Errorf("stream at shutdown: %v, want ErrClosed", err)
+	}
+	if err := <-done; err != nil {
+		t.Errorf("Run = %v", err)
+	}
+	if _, err := e.Submit(t.Context(), greedy("", "a", 1)); !errors.Is(err, ErrClosed) {
+		t.Errorf("Submit after Run = %v, want ErrClosed", err)
+	}
+}
+
+func TestSeededSamplingReproducible(t *testing.T) {
+	e := startEngine(t, nil)
+	req := Request{Prompt: "the green forest", MaxTokens: 16, Sampling: DefaultSampling()}
+	req.Seed = 42
+	a, _ := generate(t, e, req)
+	b, _ := generate(t, e, req)
+	req.Seed = 43
+	c, _ := generate(t, e, req)
+	if a != b {
+		t.Errorf("same seed, different text: %q vs %q", a, b)
+	}
+	if a == c {
+		t.Errorf("seeds 42 and 43 gave the same text %q", a)
+	}
+}

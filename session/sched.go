@@ -1,0 +1,299 @@
+package session
+
+import (
+	"slices"
+	"time"
+
+	"github.com/infernode/infernode/session/llama"
+)
+
+// This file is the engine goroutine's scheduling: admission, the step, and the end of a
+// request. Nothing here may block.
+
+// admit moves queued requests into sequence slots, oldest first, until one does not fit.
+func (e *Engine) admit(stats *Stats) {
+	for {
+		e.mu.Lock()
+		if len(e.waiting) == 0 {
+			e.mu.Unlock()
+			return
+		}
+		j := e.waiting[0]
+		p, ok := e.place(j)
+		if !ok {
+			e.mu.Unlock()
+			return
+		}
+		e.waiting = e.waiting[1:]
+		e.mu.Unlock()
+		e.start(j, p, stats)
+	}
+}
+
+// placement is where a request will run: its slot, how many of its prompt tokens the slot
+// already holds, and which idle conversations must be evicted to make room.
+type placement struct {
+	slot  *slot
+	reuse int
+	evict []*slot
+}
+
+// place finds room for j without changing anything. Preference: the conversation's own
+// idle slot, then an empty slot, then the least recently used idle one. With a unified KV
+// pool it also checks cells: every running request holds its reservation (prompt plus
+// token limit), idle conversations hold their tokens and are evicted LRU-first as needed.
+func (e *Engine) place(j *job) (placement, bool) {
+	var p placement
+	key := j.req.SessionID
+	if key != "" {
+		for _, s := range e.slots {
+			if s.key == key && s.job == nil {
+				p.slot = s
+			}
+		}
+	}
+	if p.slot == nil {
+		for _, s := range e.slots {
+			if s.job == nil && len(s.tokens) == 0 {
+				p.slot = s
+				break
+			}
+		}
+	}
+	if p.slot == nil {
+		p.slot = e.lru(nil)
+	}
+	if p.slot == nil {
+		return p, false // every slot is running
+	}
+	if key != "" && p.slot.key == key {
+		p.reuse = commonPrefix(p.slot.tokens, j.prompt)
+		// The last prompt token is always decoded again: its logits start generation.
+		p.reuse = min(p.reuse, len(j.prompt)-1)
+	}
+	if !e.cfg.UnifiedKV {
+		return p, true // each sequence has its own partition, and reserve fits it
+	}
+	used := 0
+	for _, s := range e.slots {
+		switch {
+		case s.job != nil:
+			used += s.job.reserve()
+		case s != p.slot:
+			used += len(s.tokens)
+		}
+	}
+	exclude := []*slot{p.slot}
+	for used+j.reserve() > e.cfg.Cells {
+		victim := e.lru(exclude)
+		if victim == nil {
+			return p, false
+		}
+		used -= len(victim.tokens)
+		exclude = append(exclude, victim)
+		p.evict = append(p.evict, victim)
+	}
+	return p, true
+}
+
+// lru is the least recently used idle slot holding tokens, not among exclude.
+func (e *Engine) lru(exclude []*slot) *slot {
+	var best *slot
+	for _, s := range e.slots {
+		if s.job != nil || len(s.tokens) == 0 || slices.Contains(exclude, s) {
+			continue
+		}
+		if best == nil || s.lastUsed < best.lastUsed {
+			best = s
+		}
+	}
+	return best
+}
+
+func commonPrefix(a, b []int32) int {
+	n := min(len(a), len(b))
+	for i := range n {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return n
+}
+
+// start admits j at placement p.
+func (e *Engine) start(j *job, p placement, stats *Stats) {
+	for _, v := range p.evict {
+		e.drop(v)
+		stats.Evictions++
+	}
+	s := p.slot
+	if s.key != j.req.SessionID && len(s.tokens) > 0 {
+		e.drop(s)
+		stats.Evictions++
+	}
+	if p.reuse < len(s.tokens) {
+		e.lctx.SeqRemove(s.seq, p.reuse, -1)
+		s.tokens = s.tokens[:p.reuse]
+	}
+	s.key, s.job = j.req.SessionID, j
+	seed := uint32(j.req.Seed)
+	if j.req.Seed < 0 {
+		seed = e.rng.Uint32()
+	}
+	lastN := j.req.RepeatLastN
+	if lastN == 0 {
+		lastN = 64
+	}
+	j.sampler = llama.NewSampler(llama.SamplerParams{
+		Temperature: j.req.Temperature, TopK: j.req.TopK, TopP: j.req.TopP, MinP: j.req.MinP,
+		RepeatLastN: lastN, RepeatPenalty: j.req.RepeatPenalty,
+		FrequencyPenalty: j.req.FrequencyPenalty, PresencePenalty: j.req.PresencePenalty, Seed: seed,
+	})
+	for _, tok := range j.prompt[max(0, len(j.prompt)-lastN):] {
+		j.sampler.Accept(tok)
+	}
+	j.slot, j.cached, j.pending = s, p.reuse, j.prompt[p.reuse:]
+	j.filter = newTextFilter(j.req.Stop)
+	j.admitted = time.Now()
+	e.jobs = append(e.jobs, j)
+	stats.PromptTokens += uint64(len(j.prompt))
+	stats.ReusedTokens += uint64(p.reuse)
+	e.log.Debug("request admitted", "session", j.req.SessionID, "seq", s.seq, "prompt", len(j.prompt),
+		"reused", p.reuse, "max_tokens", j.maxTokens, "evicted", len(p.evict))
+}
+
+// drop forgets a slot's conversation and frees its KV cells.
+func (e *Engine) drop(s *slot) {
+	e.lctx.SeqRemove(s.seq, 0, -1)
+	s.tokens, s.key = s.tokens[:0], ""
+}
+
+// step builds one batch (a token for every decoding request, then prefill chunks in
+// admission order), decodes it, and samples for every request whose logits it produced.
+func (e *Engine) step(stats *Stats) {
+	e.tick++
+	b := e.batch
+	b.Clear()
+	for _, j := range e.jobs {
+		j.logitIdx, j.fed = -1, 0
+		if j.gen > 0 {
+			j.logitIdx = b.Add(j.pending[0], len(j.slot.tokens), j.slot.seq, true)
+			j.fed = 1
+		}
+	}
+	for _, j := range e.jobs {
+		if j.gen > 0 || b.Len() == b.Cap() {
+			continue
+		}
+		n := min(len(j.pending), b.Cap()-b.Len())
+		for i, tok := range j.pending[:n] {
+			idx := b.Add(tok, len(j.slot.tokens)+i, j.slot.seq, i == len(j.pending)-1)
+			if i == len(j.pending)-1 {
+				j.logitIdx = idx
+			}
+		}
+		j.fed = n
+	}
+
+	start := time.Now()
+	err := e.lctx.Decode(b)
+	stats.StepTimeMicros += uint64(time.Since(start).Microseconds())
+	stats.Steps++
+	stats.BatchedTokens += uint64(b.Len())
+	if err != nil {
+		// The KV state of every sequence in the batch is unknown now: end those requests
+		// and forget their conversations rather than answer from a corrupt cache.
+		e.log.Error("decode failed", "err", err, "batch", b.Len())
+		for _, j := range slices.Clone(e.jobs) {
+			if j.fed > 0 {
+				s := j.slot
+				e.finish(j, "", err)
+				e.drop(s)
+			}
+		}
+		return
+	}
+	for _, j := range slices.Clone(e.jobs) {
+		if j.fed == 0 {
+			continue
+		}
+		j.slot.tokens = append(j.slot.tokens, j.pending[:j.fed]...)
+		j.pending = j.pending[j.fed:]
+		if j.logitIdx >= 0 {
+			e.emit(j, j.sampler.Sample(e.lctx, j.logitIdx), stats)
+		}
+	}
+}
+
+// emit handles a sampled token: end of turn, text for the stream, stop strings, limits.
+func (e *Engine) emit(j *job, tok int32, stats *Stats) {
+	if j.gen == 0 {
+		j.first = time.Now()
+	}
+	j.gen++
+	stats.Generated++
+	if e.model.IsEOG(tok) {
+		e.finish(j, "stop", nil)
+		return
+	}
+	text, stopped := j.filter.push(e.model.Piece(tok))
+	j.stream.push(text)
+	switch {
+	case stopped:
+		e.finish(j, "stop", nil)
+	case j.gen >= j.maxTokens:
+		e.finish(j, "length", nil)
+	default:
+		j.pending = append(j.pending[:0:0], tok)
+	}
+}
+
+// finish ends j, frees its slot (keeping the conversation's KV for its next turn) and
+// tells the reader. reason is empty when err is not nil.
+func (e *Engine) finish(j *job, reason string, err error) {
+	now := time.Now()
+	if s := j.slot; s != nil {
+		s.job, s.lastUsed = nil, e.tick
+		e.jobs = slices.DeleteFunc(e.jobs, func(x *job) bool { return x == j })
+		j.sampler.Free()
+		if s.key == "" {
+			e.drop(s)
+		}
+		// An older copy of this conversation (from a turn that ran concurrently) is stale.
+		for _, o := range e.slots {
+			if o != s && o.job == nil && o.key != "" && o.key == s.key {
+				e.drop(o)
+			}
+		}
+		if err == nil {
+			j.stream.push(j.filter.flush())
+		}
+	}
+	res := Result{FinishReason: reason, PromptTokens: len(j.prompt), CachedTokens: j.cached,
+		CompletionTokens: j.gen, Total: now.Sub(j.submitted), Err: err}
+	if !j.admitted.IsZero() {
+		res.Queued = j.admitted.Sub(j.submitted)
+	}
+	if !j.first.IsZero() {
+		res.FirstToken = j.first.Sub(j.submitted)
+	}
+	if err != nil {
+		e.log.Debug("request failed", "session", j.req.SessionID, "err", err)
+	}
+	j.stream.finish(res)
+}
+
+// publishStats stores a snapshot of the counters and the slots' state for Stats.
+func (e *Engine) publishStats(counters *Stats) {
+	s := *counters
+	s.Sequences, s.KVCells, s.Running = len(e.slots), e.cfg.Cells, len(e.jobs)
+	if e.lctx != nil {
+		for _, sl := range e.slots {
+			s.KVUsed += e.lctx.SeqPosMax(sl.seq) + 1
+			if sl.job == nil && len(sl.tokens) > 0 {
+				s.Conversations++
+			}
+		}
+	}
+	e.stats.Store(&s)
+}

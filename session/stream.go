@@ -1,0 +1,95 @@
+package session
+
+import (
+	"io"
+	"strings"
+	"sync"
+)
+
+// Stream delivers one request's generated text. The engine never waits for a reader: text
+// piles up in the stream (bounded by the request's token limit) until Recv takes it, so a
+// slow reader costs memory, never engine time, and no text is dropped.
+//
+// Recv may be called from one goroutine at a time; Result from any goroutine once Recv has
+// returned an error.
+type Stream struct {
+	mu      sync.Mutex
+	pending strings.Builder
+	done    bool
+	res     Result
+	notify  chan struct{} // capacity 1: "something changed"
+}
+
+func newStream() *Stream { return &Stream{notify: make(chan struct{}, 1)} }
+
+// Recv blocks until there is new text or the request ends. It returns text (possibly
+// several tokens' worth) with a nil error; then io.EOF after a request that finished, or
+// the request's error (ErrCanceled, ErrOverloaded, ErrClosed, ...) after one that failed.
+// Every stream ends: the engine finishes each request it accepted.
+func (s *Stream) Recv() (string, error) {
+	for {
+		s.mu.Lock()
+		if s.pending.Len() > 0 {
+			text := s.pending.String()
+			s.pending.Reset()
+			s.mu.Unlock()
+			return text, nil
+		}
+		if s.done {
+			err := s.res.Err
+			s.mu.Unlock()
+			if err == nil {
+				err = io.EOF
+			}
+			return "", err
+		}
+		s.mu.Unlock()
+		<-s.notify
+	}
+}
+
+// Result is how the request ended. It is complete once Recv has returned an error.
+func (s *Stream) Result() Result {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.res
+}
+
+// Collect reads the stream to its end and returns all its text.
+func (s *Stream) Collect() (string, Result, error) {
+	var b strings.Builder
+	for {
+		text, err := s.Recv()
+		b.WriteString(text)
+		if err != nil {
+			res := s.Result()
+			return b.String(), res, res.Err
+		}
+	}
+}
+
+// push adds text for the reader. Called by the engine only.
+func (s *Stream) push(text string) {
+	if text == "" {
+		return
+	}
+	s.mu.Lock()
+	s.pending.WriteString(text)
+	s.mu.Unlock()
+	s.wake()
+}
+
+// finish ends the stream. Called by the engine only, once.
+func (s *Stream) finish(res Result) {
+	s.mu.Lock()
+	s.done, s.res = true, res
+	s.mu.Unlock()
+	s.wake()
+}
+
+func (s *Stream) wake() {
+	select {
+	case s.notify <- struct{}{}:
+	default:
+	}
+}

@@ -1,0 +1,139 @@
+package session
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"unicode/utf8"
+)
+
+func TestTextFilter(t *testing.T) {
+	tests := []struct {
+		name    string
+		stops   []string
+		pieces  []string
+		want    []string // text returned by each push
+		stopped bool
+		flushed string
+	}{
+		{"plain", nil, []string{" a", " b"}, []string{" a", " b"}, false, ""},
+		{"stop inside one piece", []string{"END"}, []string{" xENDy"}, []string{" x"}, true, ""},
+		{"stop split over pieces", []string{"r wa"}, []string{" the", " river", " water"}, []string{" the", " rive", ""}, true, ""},
+		{"false start released", []string{"abc"}, []string{"xab", "d"}, []string{"x", "abd"}, false, ""},
+		{"prefix held at end", []string{"abc"}, []string{"xab"}, []string{"x"}, false, "ab"},
+		{"earliest stop wins", []string{"c", "ab"}, []string{"xabc"}, []string{"x"}, true, ""},
+		{"utf8 split", nil, []string{"\xe6\x97", "\xa5", "\xe6", "\x9c\xac!"}, []string{"", "日", "", "本!"}, false, ""},
+		{"utf8 incomplete at end", nil, []string{"a\xe6\x97"}, []string{"a"}, false, "\uFFFD"},
+		{"invalid byte passes as U+FFFD", nil, []string{"a\xffb"}, []string{"a\uFFFDb"}, false, ""},
+		{"stop after multibyte", []string{"本"}, []string{"日\xe6\x9c", "\xac"}, []string{"日", ""}, true, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newTextFilter(tt.stops)
+			stopped := false
+			for i, p := range tt.pieces {
+				got, s := f.push([]byte(p))
+				if got != tt.want[i] {
+					t.Errorf("push(%q) = %q, want %q", p, got, tt.want[i])
+				}
+				if s {
+					stopped = true
+					break
+				}
+			}
+			if stopped != tt.stopped {
+				t.Errorf("stopped = %v, want %v", stopped, tt.stopped)
+			}
+			if got := f.flush(); got != tt.flushed {
+				t.Errorf("flush() = %q, want %q", got, tt.flushed)
+			}
+		})
+	}
+}
+
+// FuzzTextFilter checks that whatever the pieces, emitted text is valid UTF-8, never
+// contains a stop string, and without a stop equals the input.
+func FuzzTextFilter(f *testing.F) {
+	f.Add("the river runs", "r r", 3)
+	f.Add("日本語テキスト", "語", 2)
+	f.Fuzz(func(t *testing.T, text, stop string, cut int) {
+		if stop == "" || cut <= 0 {
+			return
+		}
+		tf := newTextFilter([]string{stop})
+		var out strings.Builder
+		stopped := false
+		for i := 0; i < len(text) && !stopped; i += cut {
+			s, st := tf.push([]byte(text[i:min(i+cut, len(text))]))
+			if !utf8.ValidString(s) {
+				t.Fatalf("emitted invalid UTF-8 %q", s)
+			}
+			out.WriteString(s)
+			stopped = st
+		}
+		if !stopped {
+			out.WriteString(tf.flush())
+		}
+		got := out.String()
+		if strings.Contains(got, stop) && utf8.ValidString(stop) {
+			t.Fatalf("output %q contains stop %q", got, stop)
+		}
+		if idx := strings.Index(text, stop); idx >= 0 {
+			if !stopped || got != strings.ToValidUTF8(text[:idx], "\uFFFD") && utf8.ValidString(text) {
+				t.Fatalf("text %q stop %q: got %q stopped=%v", text, stop, got, stopped)
+			}
+		} else if utf8.ValidString(text) && got != text {
+			t.Fatalf("text %q: got %q", text, got)
+		}
+	})
+}
+
+func TestRequestValidate(t *testing.T) {
+	good := Request{Prompt: "hi", Sampling: DefaultSampling()}
+	tests := []struct {
+		param string
+		edit  func(r *Request)
+	}{
+		{"prompt", func(r *Request) { r.Prompt = "" }},
+		{"max_tokens", func(r *Request) { r.MaxTokens = -1 }},
+		{"temperature", func(r *Request) { r.Temperature = -0.1 }},
+		{"temperature", func(r *Request) { r.Temperature = 2.5 }},
+		{"top_p", func(r *Request) { r.TopP = 0 }},
+		{"top_p", func(r *Request) { r.TopP = 1.01 }},
+		{"top_k", func(r *Request) { r.TopK = -1 }},
+		{"min_p", func(r *Request) { r.MinP = 2 }},
+		{"presence_penalty", func(r *Request) { r.PresencePenalty = 3 }},
+		{"frequency_penalty", func(r *Request) { r.FrequencyPenalty = -3 }},
+		{"repeat_penalty", func(r *Request) { r.RepeatPenalty = -1 }},
+		{"seed", func(r *Request) { r.Seed = 1 << 33 }},
+		{"stop", func(r *Request) { r.Stop = []string{""} }},
+		{"stop", func(r *Request) { r.Stop = make([]string, 17) }},
+	}
+	if err := good.validate(); err != nil {
+		t.Fatalf("validate(good) = %v", err)
+	}
+	for _, tt := range tests {
+		r := good
+		tt.edit(&r)
+		err := r.validate()
+		var ie *InvalidError
+		if !errors.As(err, &ie) || ie.Param != tt.param {
+			t.Errorf("validate(bad %s) = %v, want an InvalidError for %s", tt.param, err, tt.param)
+		}
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	c := DefaultConfig()
+	c.ModelPath = "m.gguf"
+	if err := c.Validate(); err != nil {
+		t.Fatalf("default config: %v", err)
+	}
+	c = Config{}
+	err := c.Validate()
+	for _, want := range []string{"model path", "sequences", "KV cells", "threads", "KV type", "default max tokens", "queue timeout"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate(zero config) = %v, want it to mention %q", err, want)
+		}
+	}
+}
