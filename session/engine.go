@@ -65,9 +65,11 @@ type job struct {
 	filter   *textFilter
 	admitted time.Time
 	cached   int
-	pending  []int32 // tokens to feed: the rest of the prompt, then the last sampled token
-	logitIdx int     // batch index of this job's logits in the current step, or -1
-	fed      int     // tokens of pending in the current step's batch
+	pending  []int32      // tokens to feed: the rest of the prompt, then the last sampled token
+	logitIdx int          // batch index of this job's logits in the current step, or -1
+	logits   llama.Logits // that row, once decoded
+	next     int32        // the token sampled from it
+	fed      int          // tokens of pending in the current step's batch
 	first    time.Time
 	gen      int
 }
@@ -110,7 +112,7 @@ func New(cfg Config) (*Engine, error) {
 	}
 	lctx, err := llama.NewContext(model, llama.ContextParams{
 		Cells: cfg.Cells, Sequences: cfg.Sequences, Batch: cfg.BatchSize, Threads: cfg.Threads,
-		Unified: cfg.UnifiedKV, KVType: cfg.KVType, FlashAttn: cfg.KVType != "f16",
+		Unified: cfg.UnifiedKV, KVType: cfg.KVType, FlashAttn: true, // also skips masked cells: other sequences in a unified pool cost nothing
 	})
 	if err != nil {
 		model.Close()

@@ -22,6 +22,22 @@ static void set_log(void) {
 	llama_log_set((ggml_log_callback)infernodeLlamaLog, NULL);
 }
 
+// sample_logits runs a sampler chain over one row of logits and records the choice in its
+// history. Unlike llama_sampler_sample it does not touch the context, so rows of one batch
+// can be sampled on several threads at once. buf has room for n_vocab entries.
+static llama_token sample_logits(struct llama_sampler *s, const float *logits, int32_t n_vocab, llama_token_data *buf) {
+	for (int32_t i = 0; i < n_vocab; i++) {
+		buf[i].id = i;
+		buf[i].logit = logits[i];
+		buf[i].p = 0.0f;
+	}
+	llama_token_data_array arr = { buf, (size_t)n_vocab, -1, false };
+	llama_sampler_apply(s, &arr);
+	llama_token tok = arr.data[arr.selected].id;
+	llama_sampler_accept(s, tok);
+	return tok;
+}
+
 static struct llama_batch batch_init(int32_t n) { return llama_batch_init(n, 0, 1); }
 
 static void batch_add(struct llama_batch *b, llama_token tok, llama_pos pos, llama_seq_id seq, bool logits) {
@@ -379,14 +395,17 @@ type SamplerParams struct {
 	Seed             uint32
 }
 
-// Sampler is a llama.cpp sampler chain with its own RNG and penalty history.
+// Sampler is a llama.cpp sampler chain with its own RNG and penalty history, and its own
+// candidate buffer, so different Samplers may sample rows of one batch concurrently.
 type Sampler struct {
-	c *C.struct_llama_sampler
+	c      *C.struct_llama_sampler
+	buf    *C.llama_token_data
+	nVocab int
 }
 
 // NewSampler builds the chain penalties → top-k → top-p → min-p → temperature → draw (or
 // greedy when Temperature is 0), the order llama.cpp's own server uses.
-func NewSampler(p SamplerParams) *Sampler {
+func NewSampler(m *Model, p SamplerParams) *Sampler {
 	chain := C.llama_sampler_chain_init(C.llama_sampler_chain_default_params())
 	add := func(s *C.struct_llama_sampler) { C.llama_sampler_chain_add(chain, s) }
 	if p.RepeatLastN != 0 && (p.RepeatPenalty != 1 && p.RepeatPenalty != 0 || p.FrequencyPenalty != 0 || p.PresencePenalty != 0) {
@@ -396,9 +415,11 @@ func NewSampler(p SamplerParams) *Sampler {
 		}
 		add(C.llama_sampler_init_penalties(C.int32_t(p.RepeatLastN), C.float(rp), C.float(p.FrequencyPenalty), C.float(p.PresencePenalty)))
 	}
+	n := m.NumVocab()
+	s := &Sampler{c: chain, nVocab: n, buf: (*C.llama_token_data)(C.malloc(C.size_t(n) * C.sizeof_llama_token_data))}
 	if p.Temperature <= 0 {
 		add(C.llama_sampler_init_greedy())
-		return &Sampler{c: chain}
+		return s
 	}
 	if p.TopK > 0 {
 		add(C.llama_sampler_init_top_k(C.int32_t(p.TopK)))
@@ -411,22 +432,30 @@ func NewSampler(p SamplerParams) *Sampler {
 	}
 	add(C.llama_sampler_init_temp(C.float(p.Temperature)))
 	add(C.llama_sampler_init_dist(C.uint32_t(p.Seed)))
-	return &Sampler{c: chain}
+	return s
 }
 
 // Accept feeds a token the sampler did not choose (a prompt token) into its penalty history.
 func (s *Sampler) Accept(tok int32) { C.llama_sampler_accept(s.c, C.llama_token(tok)) }
 
-// Sample picks the next token from the logits of batch index idx of the last Decode and
-// records it in the sampler's history.
-func (s *Sampler) Sample(c *Context, idx int) int32 {
-	return int32(C.llama_sampler_sample(s.c, c.c, C.int32_t(idx)))
+// Logits is one row of output logits from the last Decode.
+type Logits struct{ p *C.float }
+
+// Logits returns the output row of batch index idx of the last Decode. Call it from the
+// goroutine that owns the context; the row stays valid until the next Decode.
+func (c *Context) Logits(idx int) Logits { return Logits{C.llama_get_logits_ith(c.c, C.int32_t(idx))} }
+
+// Sample picks the next token from a row of logits and records it in the sampler's
+// history. Different Samplers may sample concurrently.
+func (s *Sampler) Sample(l Logits) int32 {
+	return int32(C.sample_logits(s.c, l.p, C.int32_t(s.nVocab), s.buf))
 }
 
 // Free releases the sampler. It is safe to call twice.
 func (s *Sampler) Free() {
 	if s.c != nil {
 		C.llama_sampler_free(s.c)
-		s.c = nil
+		C.free(unsafe.Pointer(s.buf))
+		s.c, s.buf = nil, nil
 	}
 }

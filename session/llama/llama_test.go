@@ -97,7 +97,7 @@ func TestDecodeGreedy(t *testing.T) {
 	defer c.Close()
 	b := NewBatch(64)
 	defer b.Free()
-	s := NewSampler(SamplerParams{Temperature: 0})
+	s := NewSampler(m, SamplerParams{Temperature: 0})
 	defer s.Free()
 
 	prompt, _ := m.Tokenize("the river and the sea", true, false)
@@ -110,7 +110,7 @@ func TestDecodeGreedy(t *testing.T) {
 		if err := c.Decode(b); err != nil {
 			t.Fatal(err)
 		}
-		tok := s.Sample(c, idx)
+		tok := s.Sample(c.Logits(idx))
 		out = append(out, m.Piece(tok)...)
 		b.Clear()
 		idx = b.Add(tok, pos, 1, true)
