@@ -28,6 +28,9 @@ type Config struct {
 	UnifiedKV bool
 	// KVType is the KV cache element type: f16, q8_0 or q4_0. Default f16.
 	KVType string
+	// MaxPromptTokens refuses longer prompts with ErrPromptTooLong. 0 means no limit but
+	// the sequence's context. Default 0.
+	MaxPromptTokens int
 	// DefaultMaxTokens caps generation when a request names no limit. Every admitted
 	// request reserves KV cells for its prompt plus its token limit, so this bounds how
 	// much of the pool one request holds. Default 1024.
@@ -78,6 +81,7 @@ func (c Config) Validate() error {
 	check(c.Threads >= 1, "threads must be at least 1, got %d", c.Threads)
 	check(c.KVType == "f16" || c.KVType == "q8_0" || c.KVType == "q4_0", "KV type must be f16, q8_0 or q4_0, got %q", c.KVType)
 	check(c.DefaultMaxTokens >= 1, "default max tokens must be at least 1, got %d", c.DefaultMaxTokens)
+	check(c.MaxPromptTokens >= 0, "max prompt tokens must not be negative, got %d", c.MaxPromptTokens)
 	check(c.MaxQueue >= 0, "max queue must not be negative, got %d", c.MaxQueue)
 	check(c.QueueTimeout > 0, "queue timeout must be positive, got %v", c.QueueTimeout)
 	return errors.Join(errs...)

@@ -145,6 +145,16 @@ func (e *Engine) Model() *llama.Model { return e.model }
 // SeqCells is the most tokens (prompt plus generated) one request can hold.
 func (e *Engine) SeqCells() int { return e.seqCells }
 
+// MaxPromptTokens is the longest prompt Submit accepts: Config.MaxPromptTokens, and always
+// leaving a sequence room for one generated token.
+func (e *Engine) MaxPromptTokens() int {
+	limit := e.seqCells - 1
+	if e.cfg.MaxPromptTokens > 0 {
+		limit = min(limit, e.cfg.MaxPromptTokens)
+	}
+	return limit
+}
+
 // Ready reports whether Run has warmed the model and is serving.
 func (e *Engine) Ready() bool { return e.ready.Load() }
 
@@ -180,9 +190,8 @@ func (e *Engine) Submit(ctx context.Context, req Request) (*Stream, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
-	// A sequence needs room for the prompt and at least one generated token.
-	if len(prompt) >= e.seqCells {
-		return nil, &PromptTooLongError{Tokens: len(prompt), Limit: e.seqCells - 1}
+	if limit := e.MaxPromptTokens(); len(prompt) > limit {
+		return nil, &PromptTooLongError{Tokens: len(prompt), Limit: limit}
 	}
 	maxTokens := req.MaxTokens
 	if maxTokens == 0 {

@@ -156,6 +156,7 @@ func (e *Engine) start(j *job, p placement, stats *Stats) {
 	j.slot, j.cached, j.pending = s, p.reuse, j.prompt[p.reuse:]
 	j.filter = newTextFilter(j.req.Stop)
 	j.admitted = time.Now()
+	j.stream.admit(len(j.prompt), p.reuse)
 	e.jobs = append(e.jobs, j)
 	stats.PromptTokens += uint64(len(j.prompt))
 	stats.ReusedTokens += uint64(p.reuse)

@@ -17,6 +17,7 @@ type Stream struct {
 	pending strings.Builder
 	done    bool
 	res     Result
+	started bool // admitted: PromptTokens and CachedTokens of res are set
 	notify  chan struct{} // capacity 1: "something changed"
 }
 
@@ -55,6 +56,15 @@ func (s *Stream) Result() Result {
 	return s.res
 }
 
+// Admitted reports the prompt's token count and how many of its tokens came from the
+// conversation's cache, once the engine has admitted the request (always by the time Recv
+// first returns).
+func (s *Stream) Admitted() (promptTokens, cachedTokens int, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.res.PromptTokens, s.res.CachedTokens, s.started
+}
+
 // Collect reads the stream to its end and returns all its text.
 func (s *Stream) Collect() (string, Result, error) {
 	var b strings.Builder
@@ -77,6 +87,13 @@ func (s *Stream) push(text string) {
 	s.pending.WriteString(text)
 	s.mu.Unlock()
 	s.wake()
+}
+
+// admit records the request's admission. Called by the engine only.
+func (s *Stream) admit(promptTokens, cachedTokens int) {
+	s.mu.Lock()
+	s.started, s.res.PromptTokens, s.res.CachedTokens = true, promptTokens, cachedTokens
+	s.mu.Unlock()
 }
 
 // finish ends the stream. Called by the engine only, once.

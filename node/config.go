@@ -1,0 +1,96 @@
+package node
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"time"
+)
+
+// Config configures a Server. Build one with DefaultConfig and change what you need.
+type Config struct {
+	// ID names this node in responses (X-Infernode-Node) and logs. Required.
+	ID string
+	// Addr is the HTTP listen address, such as ":8080". Ignored when Listener is set.
+	Addr string
+	// Listener, if not nil, is used instead of listening on Addr (tests hand in port 0
+	// listeners or in-memory ones).
+	Listener net.Listener
+	// ModelName is the model id clients name in requests and /v1/models lists. Required.
+	ModelName string
+	// APIKey, if set, must be presented as "Authorization: Bearer KEY" on /v1/*.
+	APIKey string
+	// ProtectOps also requires the API key on /metrics (health probes stay open: peers
+	// and orchestrators must reach them). Default false.
+	ProtectOps bool
+	// MaxBodyBytes refuses larger request bodies with 413. Default 4 MiB.
+	MaxBodyBytes int
+	// MaxTokens is the largest max_tokens a request may ask for. Default 8192.
+	MaxTokens int
+	// MaxStreams is how many generation requests may be in flight (queued in the engine
+	// or running); more are refused with 503 at once. Default 128.
+	MaxStreams int
+	// RequestTimeout bounds a generation request from arrival to its last byte.
+	// Default 10m.
+	RequestTimeout time.Duration
+	// WriteTimeout is how long one write to a client may block. A client that stays
+	// behind longer is disconnected and its generation canceled. Default 10s.
+	WriteTimeout time.Duration
+	// StreamBuffer is the kernel send buffer of a streaming response's connection, in
+	// bytes: with the engine's own per-stream text buffer, it bounds how far a client may
+	// fall behind before writes block and WriteTimeout starts counting. Default 64 KiB.
+	StreamBuffer int
+	// ReadTimeout bounds reading a request's headers and body. Default 30s.
+	ReadTimeout time.Duration
+	// IdleTimeout closes keep-alive connections idle this long. Default 2m.
+	IdleTimeout time.Duration
+	// DrainTimeout is how long a shutdown lets running requests finish before canceling
+	// them. Default 30s.
+	DrainTimeout time.Duration
+	// Logger receives the server's logs. Nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// DefaultConfig returns the limits infernode runs with unless told otherwise.
+func DefaultConfig() Config {
+	return Config{
+		Addr:           ":8080",
+		MaxBodyBytes:   4 << 20,          // ~1M tokens of text: far past any context
+		MaxTokens:      8192,             // the default context
+		MaxStreams:     128,              // engine queue (64) plus running, with headroom
+		RequestTimeout: 10 * time.Minute, // a long generation on a slow CPU
+		WriteTimeout:   10 * time.Second, // a client this far behind is gone or hostile
+		StreamBuffer:   64 << 10,         // thousands of tokens of SSE
+		ReadTimeout:    30 * time.Second, // slowloris bound
+		IdleTimeout:    2 * time.Minute,  // keep-alive for clients and peer pools
+		DrainTimeout:   30 * time.Second, // most answers finish well within this
+	}
+}
+
+// Validate reports every problem with c at once.
+func (c Config) Validate() error {
+	var errs []error
+	check := func(ok bool, format string, args ...any) {
+		if !ok {
+			errs = append(errs, fmt.Errorf(format, args...))
+		}
+	}
+	check(c.ID != "", "node id is required")
+	check(c.Addr != "" || c.Listener != nil, "listen address is required")
+	check(c.ModelName != "", "model name is required")
+	check(c.MaxBodyBytes >= 1024, "max body bytes must be at least 1024, got %d", c.MaxBodyBytes)
+	check(c.MaxTokens >= 1, "max tokens must be at least 1, got %d", c.MaxTokens)
+	check(c.StreamBuffer >= 4096, "stream buffer must be at least 4096 bytes, got %d", c.StreamBuffer)
+	check(c.MaxStreams >= 1, "max streams must be at least 1, got %d", c.MaxStreams)
+	for _, d := range []struct {
+		name string
+		d    time.Duration
+	}{
+		{"request timeout", c.RequestTimeout}, {"write timeout", c.WriteTimeout}, {"read timeout", c.ReadTimeout},
+		{"idle timeout", c.IdleTimeout}, {"drain timeout", c.DrainTimeout},
+	} {
+		check(d.d > 0, "%s must be positive, got %v", d.name, d.d)
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,120 @@
+package node
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/infernode/infernode/session"
+)
+
+// apiError is an error as an OpenAI-compatible client sees it: a status and
+// {"error": {"message", "type", "param", "code"}}.
+type apiError struct {
+	Status     int    `json:"-"`
+	Message    string `json:"message"`
+	Type       string `json:"type"`
+	Param      any    `json:"param"` // string or null
+	Code       any    `json:"code"`  // string or null
+	RetryAfter int    `json:"-"`     // seconds; 0 sends no Retry-After
+}
+
+func (e *apiError) Error() string { return e.Message }
+
+func badRequest(param, format string, args ...any) *apiError {
+	return &apiError{Status: fasthttp.StatusBadRequest, Type: "invalid_request_error", Param: nullable(param),
+		Message: fmt.Sprintf(format, args...)}
+}
+
+func unsupported(param string) *apiError {
+	e := badRequest(param, "parameter %q is not supported by infernode", param)
+	e.Code = "unsupported_parameter"
+	return e
+}
+
+func nullable(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
+}
+
+// Errors of the HTTP layer itself.
+var (
+	errNotFound = &apiError{Status: fasthttp.StatusNotFound, Type: "invalid_request_error", Code: "not_found",
+		Message: "no such route"}
+	errUnauthorized = &apiError{Status: fasthttp.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_api_key",
+		Message: "missing or wrong API key: send Authorization: Bearer <key>"}
+	errBodyTooLarge = &apiError{Status: fasthttp.StatusRequestEntityTooLarge, Type: "invalid_request_error",
+		Code: "request_too_large", Message: "request body is larger than this node accepts"}
+	errContentType = &apiError{Status: fasthttp.StatusUnsupportedMediaType, Type: "invalid_request_error",
+		Code: "unsupported_media_type", Message: "Content-Type must be application/json"}
+	errTooManyStreams = &apiError{Status: fasthttp.StatusServiceUnavailable, Type: "server_error", Code: "overloaded",
+		Message: "too many requests in flight on this node; retry shortly", RetryAfter: 1}
+	errNotReady = &apiError{Status: fasthttp.StatusServiceUnavailable, Type: "server_error", Code: "not_ready",
+		Message: "this node is not ready to serve (loading the model or shutting down)", RetryAfter: 2}
+)
+
+func methodNotAllowed(allow string) *apiError {
+	return &apiError{Status: fasthttp.StatusMethodNotAllowed, Type: "invalid_request_error", Code: "method_not_allowed",
+		Message: "method not allowed; use " + allow}
+}
+
+// toAPIError maps any error a request can meet to what the client is told. It is the only
+// place that decides statuses for errors.
+func toAPIError(err error) *apiError {
+	var ae *apiError
+	var invalid *session.InvalidError
+	var tooLong *session.PromptTooLongError
+	switch {
+	case errors.As(err, &ae):
+		return ae
+	case errors.As(err, &tooLong):
+		e := badRequest("messages", "%s", tooLong.Error())
+		e.Code = "context_length_exceeded"
+		return e
+	case errors.As(err, &invalid):
+		return badRequest(invalid.Param, "%s", invalid.Error())
+	case errors.Is(err, session.ErrInvalid):
+		return badRequest("", "%s", err.Error())
+	case errors.Is(err, session.ErrOverloaded):
+		return &apiError{Status: fasthttp.StatusServiceUnavailable, Type: "server_error", Code: "overloaded",
+			Message: err.Error(), RetryAfter: 1}
+	case errors.Is(err, session.ErrClosed):
+		return errNotReady
+	case errors.Is(err, context.DeadlineExceeded):
+		return &apiError{Status: fasthttp.StatusGatewayTimeout, Type: "server_error", Code: "timeout",
+			Message: "request deadline exceeded"}
+	case errors.Is(err, session.ErrCanceled):
+		// Nobody is listening; 499 (client closed request) is for logs and metrics.
+		return &apiError{Status: 499, Type: "server_error", Code: "canceled", Message: err.Error()}
+	default:
+		return &apiError{Status: fasthttp.StatusInternalServerError, Type: "server_error", Code: "internal_error",
+			Message: err.Error()}
+	}
+}
+
+// errorBody is the JSON of an error response or SSE error event.
+func errorBody(e *apiError) []byte {
+	b, _ := json.Marshal(struct {
+		Error *apiError `json:"error"`
+	}{e})
+	return b
+}
+
+// writeError sends err as an OpenAI error response.
+func writeError(ctx *fasthttp.RequestCtx, err error) *apiError {
+	e := toAPIError(err)
+	ctx.Response.Reset()
+	ctx.SetStatusCode(e.Status)
+	ctx.SetContentType("application/json")
+	if e.RetryAfter > 0 {
+		ctx.Response.Header.Set("Retry-After", strconv.Itoa(e.RetryAfter))
+	}
+	ctx.SetBody(errorBody(e))
+	return e
+}

@@ -1,0 +1,317 @@
+package node
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/infernode/infernode/session"
+)
+
+// Errors recorded as a request context's cancellation cause.
+var (
+	errClientGone   = errors.New("client disconnected")
+	errWriteTimeout = errors.New("client fell behind past the write timeout")
+)
+
+// completion is one parsed generation request, chat or text.
+type completion struct {
+	chat         bool
+	endpoint     string
+	id           string
+	model        string
+	stream       bool
+	includeUsage bool
+	req          session.Request
+	start        time.Time
+}
+
+// handleCompletion serves POST /v1/chat/completions (chat) and /v1/completions.
+func (s *Server) handleCompletion(ctx *fasthttp.RequestCtx, chat bool) {
+	c, err := s.parseCompletion(ctx, chat)
+	if err != nil {
+		writeError(ctx, err)
+		return
+	}
+	s.generate(ctx, c)
+}
+
+func (s *Server) parseCompletion(ctx *fasthttp.RequestCtx, chat bool) (*completion, error) {
+	if ct := ctx.Request.Header.ContentType(); !jsonContentType(ct) {
+		return nil, errContentType
+	}
+	c := &completion{chat: chat, start: time.Now()}
+	var p *params
+	var prompt string
+	var opening []string
+	if chat {
+		var r chatRequest
+		if err := decodeJSON(ctx.PostBody(), &r); err != nil {
+			return nil, err
+		}
+		msgs, err := r.chatMessages()
+		if err != nil {
+			return nil, err
+		}
+		if prompt, err = s.engine.ChatPrompt(msgs); err != nil {
+			return nil, err
+		}
+		p, opening, c.endpoint, c.id = &r.params, chatOpening(msgs), "/v1/chat/completions", "chatcmpl-"+randomID()
+	} else {
+		var r completionRequest
+		if err := decodeJSON(ctx.PostBody(), &r); err != nil {
+			return nil, err
+		}
+		switch {
+		case !r.Prompt.Set || r.Prompt.Text == "":
+			return nil, badRequest("prompt", "prompt must be a non-empty string")
+		case r.Echo != nil && *r.Echo:
+			return nil, unsupported("echo")
+		case r.Suffix != nil && *r.Suffix != "":
+			return nil, unsupported("suffix")
+		case r.BestOf != nil && *r.BestOf != 1:
+			return nil, unsupported("best_of")
+		}
+		prompt = r.Prompt.Text
+		p, opening, c.endpoint, c.id = &r.params, promptOpening(prompt), "/v1/completions", "cmpl-"+randomID()
+	}
+	if p.Model != "" && p.Model != s.cfg.ModelName {
+		return nil, s.unknownModel(p.Model)
+	}
+	req, err := p.sessionRequest(s.cfg.MaxTokens)
+	if err != nil {
+		return nil, err
+	}
+	req.Prompt = prompt
+	if req.SessionID, err = sessionKey(string(ctx.Request.Header.Peek("X-Session-ID")), p.SessionID, s.cfg.ModelName, opening); err != nil {
+		return nil, err
+	}
+	c.req, c.model, c.stream = req, s.cfg.ModelName, p.Stream
+	c.includeUsage = p.StreamOptions != nil && p.StreamOptions.IncludeUsage
+	if p.StreamOptions != nil && !p.Stream {
+		return nil, badRequest("stream_options", "stream_options is only allowed with stream: true")
+	}
+	return c, nil
+}
+
+func jsonContentType(ct []byte) bool {
+	mt, _, _ := bytes.Cut(ct, []byte(";"))
+	return strings.EqualFold(string(bytes.TrimSpace(mt)), "application/json")
+}
+
+// generate runs c on the engine and answers, streaming or not. The request is canceled
+// when its client disconnects, falls behind, or the deadline passes.
+func (s *Server) generate(ctx *fasthttp.RequestCtx, c *completion) {
+	if !s.engine.Ready() || !s.begin() {
+		writeError(ctx, errNotReady)
+		return
+	}
+	select {
+	case s.slots <- struct{}{}:
+	default:
+		s.end()
+		s.log.Warn("request shed", "reason", "max streams", "limit", s.cfg.MaxStreams)
+		writeError(ctx, errTooManyStreams)
+		return
+	}
+	reqCtx, cancelDeadline := context.WithTimeout(s.base, s.cfg.RequestTimeout)
+	reqCtx, cancel := context.WithCancelCause(reqCtx)
+	stopWatch := watchConn(ctx.Conn(), func() { cancel(errClientGone) })
+	done := func() {
+		stopWatch()
+		cancel(nil)
+		cancelDeadline()
+		s.countCancel(reqCtx)
+		<-s.slots
+		s.end()
+	}
+
+	st, err := s.engine.Submit(reqCtx, c.req)
+	if err != nil {
+		done()
+		writeError(ctx, err)
+		return
+	}
+	if !c.stream {
+		defer done()
+		text, res, err := s.collect(st, c)
+		if err != nil {
+			writeError(ctx, err)
+			return
+		}
+		s.setGenerationHeaders(ctx, st)
+		writeJSON(ctx, fasthttp.StatusOK, c.response(text, res))
+		return
+	}
+
+	// Wait for the first text (or the end) before committing to 200, so that refusals
+	// (overload, a queue timeout) still get their status and a peer can retry elsewhere.
+	first, err := st.Recv()
+	if err != nil && err != io.EOF {
+		done()
+		writeError(ctx, err)
+		return
+	}
+	s.metrics.ttft.WithLabelValues(c.endpoint).Observe(time.Since(c.start).Seconds())
+	s.setGenerationHeaders(ctx, st)
+	ctx.SetStatusCode(fasthttp.StatusOK)
+	ctx.SetContentType("text/event-stream")
+	ctx.Response.Header.Set("Cache-Control", "no-cache")
+	conn := ctx.Conn()
+	if tc, ok := conn.(interface{ SetWriteBuffer(int) error }); ok {
+		tc.SetWriteBuffer(s.cfg.StreamBuffer)
+	}
+	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+		defer done()
+		sse := &sseWriter{w: w, conn: conn, timeout: s.cfg.WriteTimeout}
+		if err := s.stream(sse, st, c, first, err); err != nil {
+			if errors.Is(err, errWriteTimeout) {
+				cancel(errWriteTimeout)
+			} else {
+				cancel(errClientGone)
+			}
+			s.log.Debug("stream cut", "id", c.id, "err", err)
+		}
+	})
+}
+
+// collect reads a whole answer, observing latency metrics.
+func (s *Server) collect(st Stream, c *completion) (string, session.Result, error) {
+	var text []byte
+	last := time.Time{}
+	for {
+		piece, err := st.Recv()
+		if piece != "" {
+			s.observePiece(c, &last)
+			text = append(text, piece...)
+		}
+		if err != nil {
+			res := st.Result()
+			return string(text), res, res.Err
+		}
+	}
+}
+
+func (s *Server) observePiece(c *completion, last *time.Time) {
+	now := time.Now()
+	if last.IsZero() {
+		s.metrics.ttft.WithLabelValues(c.endpoint).Observe(now.Sub(c.start).Seconds())
+	} else {
+		s.metrics.itl.Observe(now.Sub(*last).Seconds())
+	}
+	*last = now
+}
+
+// stream writes an SSE answer: the first piece, every later one, then the final chunk
+// (and usage) and [DONE]; or an error event if generation failed. It returns a write error
+// when the client is gone or too slow.
+func (s *Server) stream(sse *sseWriter, st Stream, c *completion, first string, firstErr error) error {
+	if c.chat {
+		if err := sse.event(c.chunk("", true, nil)); err != nil {
+			return err
+		}
+	}
+	piece, err := first, firstErr
+	last := time.Now()
+	for {
+		if piece != "" {
+			if err := sse.event(c.chunk(piece, false, nil)); err != nil {
+				return err
+			}
+		}
+		if err != nil {
+			break
+		}
+		piece, err = st.Recv()
+		if piece != "" {
+			s.metrics.itl.Observe(time.Since(last).Seconds())
+			last = time.Now()
+		}
+	}
+	res := st.Result()
+	if res.Err != nil {
+		e := toAPIError(res.Err)
+		s.log.Warn("stream failed", "id", c.id, "err", res.Err)
+		return sse.data(errorBody(e))
+	}
+	finish := res.FinishReason
+	if err := sse.event(c.chunk("", false, &finish)); err != nil {
+		return err
+	}
+	if c.includeUsage {
+		if err := sse.event(c.usageChunk(res)); err != nil {
+			return err
+		}
+	}
+	return sse.data([]byte("[DONE]"))
+}
+
+func (s *Server) setGenerationHeaders(ctx *fasthttp.RequestCtx, st Stream) {
+	_, cached, _ := st.Admitted()
+	ctx.Response.Header.Set("X-Infernode-Cached-Tokens", strconv.Itoa(cached))
+}
+
+// countCancel records why a request's context ended early, if it did.
+func (s *Server) countCancel(ctx context.Context) {
+	cause := context.Cause(ctx)
+	switch {
+	case errors.Is(cause, errClientGone):
+		s.metrics.cancellations.WithLabelValues(causeClientGone).Inc()
+	case errors.Is(cause, errWriteTimeout):
+		s.metrics.cancellations.WithLabelValues(causeWriteTimeout).Inc()
+	case errors.Is(cause, context.DeadlineExceeded):
+		s.metrics.cancellations.WithLabelValues(causeDeadline).Inc()
+	case s.base.Err() != nil && cause != nil:
+		s.metrics.cancellations.WithLabelValues(causeShutdown).Inc()
+	}
+}
+
+// sseWriter writes server-sent events, each flushed under a fresh write deadline.
+// fasthttp copies a streamed body to the connection from its own goroutine, so a deadline
+// that expires there surfaces here as a closed pipe: a failure at or past the deadline is
+// a write timeout. The deadline is left in place after the last event, so the copier's
+// final writes are bounded too; fasthttp sets a new one for the next response.
+type sseWriter struct {
+	w       *bufio.Writer
+	conn    interface{ SetWriteDeadline(time.Time) error }
+	timeout time.Duration
+}
+
+func (w *sseWriter) event(v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return w.data(b)
+}
+
+func (w *sseWriter) data(b []byte) error {
+	deadline := time.Now().Add(w.timeout)
+	w.conn.SetWriteDeadline(deadline)
+	w.w.WriteString("data: ")
+	w.w.Write(b)
+	w.w.WriteString("\n\n")
+	if err := w.w.Flush(); err != nil {
+		if !time.Now().Before(deadline) {
+			return errWriteTimeout
+		}
+		return err
+	}
+	return nil
+}
+
+func randomID() string {
+	var b [12]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}

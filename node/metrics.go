@@ -1,0 +1,78 @@
+package node
+
+import (
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/infernode/infernode/session"
+)
+
+// metrics are a node's Prometheus metrics, on a registry of their own (no global state:
+// two Servers in one process do not collide).
+type metrics struct {
+	reg           *prometheus.Registry
+	requests      *prometheus.CounterVec   // endpoint, status
+	ttft          *prometheus.HistogramVec // endpoint
+	itl           prometheus.Histogram
+	cancellations *prometheus.CounterVec // cause
+}
+
+// Causes of cancellation, as labels.
+const (
+	causeClientGone   = "client_disconnect"
+	causeWriteTimeout = "write_timeout"
+	causeDeadline     = "deadline"
+	causeShutdown     = "shutdown"
+)
+
+func newMetrics(stats func() session.Stats) *metrics {
+	m := &metrics{
+		reg: prometheus.NewRegistry(),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "infernode_http_requests_total", Help: "HTTP requests by endpoint and status.",
+		}, []string{"endpoint", "status"}),
+		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "infernode_time_to_first_token_seconds", Help: "Time from request arrival to its first generated text.",
+			Buckets: prometheus.ExponentialBuckets(0.005, 2, 14), // 5ms .. 41s
+		}, []string{"endpoint"}),
+		itl: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "infernode_inter_token_latency_seconds", Help: "Time between successive pieces of generated text of a request.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 12), // 1ms .. 2s
+		}),
+		cancellations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "infernode_cancellations_total", Help: "Generations canceled before they finished, by cause.",
+		}, []string{"cause"}),
+	}
+	for _, cause := range []string{causeClientGone, causeWriteTimeout, causeDeadline, causeShutdown} {
+		m.cancellations.WithLabelValues(cause)
+	}
+	gauge := func(name, help string, f func(session.Stats) float64) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 { return f(stats()) })
+	}
+	counter := func(name, help string, f func(session.Stats) float64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return f(stats()) })
+	}
+	m.reg.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		m.requests, m.ttft, m.itl, m.cancellations,
+		gauge("infernode_running_sequences", "Requests being prefilled or decoded.", func(s session.Stats) float64 { return float64(s.Running) }),
+		gauge("infernode_waiting_requests", "Requests queued for a sequence.", func(s session.Stats) float64 { return float64(s.Waiting) }),
+		gauge("infernode_cached_conversations", "Idle conversations holding KV cells.", func(s session.Stats) float64 { return float64(s.Conversations) }),
+		gauge("infernode_kv_cells_used", "KV cache cells holding tokens.", func(s session.Stats) float64 { return float64(s.KVUsed) }),
+		gauge("infernode_kv_cells_total", "KV cache cells.", func(s session.Stats) float64 { return float64(s.KVCells) }),
+		counter("infernode_prompt_tokens_total", "Prompt tokens of admitted requests.", func(s session.Stats) float64 { return float64(s.PromptTokens) }),
+		counter("infernode_reused_prefix_tokens_total", "Prompt tokens served from a conversation's KV cache instead of prefilled.", func(s session.Stats) float64 { return float64(s.ReusedTokens) }),
+		counter("infernode_generated_tokens_total", "Generated tokens.", func(s session.Stats) float64 { return float64(s.Generated) }),
+		counter("infernode_evictions_total", "Idle conversations evicted to make room.", func(s session.Stats) float64 { return float64(s.Evictions) }),
+		counter("infernode_engine_refused_total", "Requests the engine refused as overloaded.", func(s session.Stats) float64 { return float64(s.Refused) }),
+		counter("infernode_decode_steps_total", "Engine steps (llama_decode calls).", func(s session.Stats) float64 { return float64(s.Steps) }),
+	)
+	return m
+}
+
+func (m *metrics) request(endpoint string, status int) {
+	m.requests.WithLabelValues(endpoint, strconv.Itoa(status)).Inc()
+}

@@ -1,0 +1,279 @@
+package node
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/infernode/infernode/session"
+)
+
+// This file is the OpenAI request schema as infernode accepts it. Decoding is strict: a
+// field infernode does not know is refused, and a known field it does not implement is
+// refused unless its value leaves the answer unchanged (logprobs: false, tools: [], ...).
+
+// params are the fields chat and text completions share.
+type params struct {
+	Model               string         `json:"model"`
+	MaxTokens           *int           `json:"max_tokens"`
+	MaxCompletionTokens *int           `json:"max_completion_tokens"`
+	Temperature         *float64       `json:"temperature"`
+	TopP                *float64       `json:"top_p"`
+	TopK                *int           `json:"top_k"`          // llama.cpp extension
+	MinP                *float64       `json:"min_p"`          // llama.cpp extension
+	RepeatPenalty       *float64       `json:"repeat_penalty"` // llama.cpp extension
+	PresencePenalty     *float64       `json:"presence_penalty"`
+	FrequencyPenalty    *float64       `json:"frequency_penalty"`
+	Seed                *int64         `json:"seed"`
+	Stop                stopList       `json:"stop"`
+	N                   *int           `json:"n"`
+	Stream              bool           `json:"stream"`
+	StreamOptions       *streamOptions `json:"stream_options"`
+	User                string         `json:"user"`
+	SessionID           string         `json:"session_id"` // infernode extension: the conversation key
+
+	// Accepted only with values that change nothing.
+	Logprobs          *bool           `json:"logprobs"`
+	TopLogprobs       *int            `json:"top_logprobs"`
+	LogitBias         map[string]any  `json:"logit_bias"`
+	ResponseFormat    *responseFormat `json:"response_format"`
+	Tools             []any           `json:"tools"`
+	ToolChoice        any             `json:"tool_choice"`
+	ParallelToolCalls *bool           `json:"parallel_tool_calls"`
+	Store             *bool           `json:"store"`
+	Metadata          map[string]any  `json:"metadata"`
+	ServiceTier       *string         `json:"service_tier"`
+}
+
+type streamOptions struct {
+	IncludeUsage bool `json:"include_usage"`
+}
+
+type responseFormat struct {
+	Type string `json:"type"`
+}
+
+// chatRequest is POST /v1/chat/completions.
+type chatRequest struct {
+	Messages []chatMessage `json:"messages"`
+	params
+}
+
+type chatMessage struct {
+	Role    string      `json:"role"`
+	Content textContent `json:"content"`
+	Name    string      `json:"name"`
+}
+
+// completionRequest is POST /v1/completions.
+type completionRequest struct {
+	Prompt promptText `json:"prompt"`
+	Echo   *bool      `json:"echo"`
+	Suffix *string    `json:"suffix"`
+	BestOf *int       `json:"best_of"`
+	params
+}
+
+// stopList is "stop": a string or a list of strings.
+type stopList []string
+
+func (s *stopList) UnmarshalJSON(b []byte) error {
+	if bytes.Equal(b, []byte("null")) {
+		*s = nil
+		return nil
+	}
+	var one string
+	if json.Unmarshal(b, &one) == nil {
+		*s = stopList{one}
+		return nil
+	}
+	var many []string
+	if err := json.Unmarshal(b, &many); err != nil {
+		return badRequest("stop", "stop must be a string or a list of strings")
+	}
+	*s = many
+	return nil
+}
+
+// textContent is a message's content: a string, a list of text parts, or null.
+type textContent struct {
+	Text string
+	Null bool
+}
+
+func (c *textContent) UnmarshalJSON(b []byte) error {
+	if bytes.Equal(b, []byte("null")) {
+		*c = textContent{Null: true}
+		return nil
+	}
+	if json.Unmarshal(b, &c.Text) == nil {
+		return nil
+	}
+	var parts []struct {
+		Type string  `json:"type"`
+		Text *string `json:"text"`
+	}
+	if err := json.Unmarshal(b, &parts); err != nil {
+		return badRequest("messages", "message content must be a string or a list of text parts")
+	}
+	var sb strings.Builder
+	for _, p := range parts {
+		if p.Type != "text" || p.Text == nil {
+			return badRequest("messages", "content part type %q is not supported: infernode serves text only", p.Type)
+		}
+		sb.WriteString(*p.Text)
+	}
+	c.Text = sb.String()
+	return nil
+}
+
+// promptText is a completion's prompt: a string or a list of exactly one string.
+type promptText struct {
+	Text string
+	Set  bool
+}
+
+func (p *promptText) UnmarshalJSON(b []byte) error {
+	if json.Unmarshal(b, &p.Text) == nil {
+		p.Set = true
+		return nil
+	}
+	var many []string
+	if json.Unmarshal(b, &many) == nil {
+		if len(many) != 1 {
+			return badRequest("prompt", "a list of %d prompts is not supported: send one prompt per request", len(many))
+		}
+		p.Text, p.Set = many[0], true
+		return nil
+	}
+	return badRequest("prompt", "prompt must be a string (token arrays are not supported)")
+}
+
+// decodeJSON decodes a request body strictly into v and turns every decoding failure into
+// a 400 that names the offending field.
+func decodeJSON(body []byte, v any) error {
+	if len(bytes.TrimSpace(body)) == 0 {
+		return badRequest("", "request body is empty; send a JSON object")
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	err := dec.Decode(v)
+	if err == nil {
+		if _, extra := dec.Token(); extra != io.EOF {
+			return badRequest("", "request body has data after the JSON object")
+		}
+		return nil
+	}
+	var ae *apiError
+	var typeErr *json.UnmarshalTypeError
+	var syntaxErr *json.SyntaxError
+	switch {
+	case errors.As(err, &ae):
+		return ae
+	case errors.As(err, &typeErr):
+		field := strings.TrimPrefix(typeErr.Field, "params.") // the embedded struct's name
+		if field == "" {
+			return badRequest("", "request body must be a JSON object")
+		}
+		return badRequest(field, "field %q must be of type %s, not %s", field, typeErr.Type, typeErr.Value)
+	case errors.As(err, &syntaxErr):
+		return badRequest("", "malformed JSON at byte %d: %v", syntaxErr.Offset, syntaxErr)
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return badRequest("", "malformed JSON: body ends too early")
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		field := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
+		return unsupported(field)
+	default:
+		return badRequest("", "malformed JSON: %v", err)
+	}
+}
+
+// sessionRequest checks the shared fields and builds the engine request (without prompt).
+func (p *params) sessionRequest(maxTokensLimit int) (session.Request, error) {
+	req := session.Request{Sampling: session.DefaultSampling()}
+	if err := p.refuseUnsupported(); err != nil {
+		return req, err
+	}
+	if p.N != nil && *p.N != 1 {
+		return req, badRequest("n", "n must be 1: infernode returns one choice per request")
+	}
+	maxTokens, param := p.MaxTokens, "max_tokens"
+	if p.MaxCompletionTokens != nil {
+		maxTokens, param = p.MaxCompletionTokens, "max_completion_tokens"
+	}
+	if maxTokens != nil {
+		if *maxTokens < 1 || *maxTokens > maxTokensLimit {
+			return req, badRequest(param, "%s must be in [1, %d], got %d", param, maxTokensLimit, *maxTokens)
+		}
+		req.MaxTokens = *maxTokens
+	}
+	set := func(dst *float32, src *float64) {
+		if src != nil {
+			*dst = float32(*src)
+		}
+	}
+	set(&req.Temperature, p.Temperature)
+	set(&req.TopP, p.TopP)
+	set(&req.MinP, p.MinP)
+	set(&req.RepeatPenalty, p.RepeatPenalty)
+	set(&req.PresencePenalty, p.PresencePenalty)
+	set(&req.FrequencyPenalty, p.FrequencyPenalty)
+	if p.TopK != nil {
+		req.TopK = *p.TopK
+	}
+	if p.Seed != nil {
+		req.Seed = *p.Seed
+		if req.Seed < 0 {
+			return req, badRequest("seed", "seed must not be negative, got %d", *p.Seed)
+		}
+	}
+	req.Stop = p.Stop
+	return req, nil
+}
+
+func (p *params) refuseUnsupported() error {
+	switch {
+	case p.Logprobs != nil && *p.Logprobs:
+		return unsupported("logprobs")
+	case p.TopLogprobs != nil && *p.TopLogprobs > 0:
+		return unsupported("top_logprobs")
+	case len(p.LogitBias) > 0:
+		return unsupported("logit_bias")
+	case p.ResponseFormat != nil && p.ResponseFormat.Type != "text":
+		return unsupported("response_format")
+	case len(p.Tools) > 0:
+		return unsupported("tools")
+	case p.ToolChoice != nil && p.ToolChoice != "none" && p.ToolChoice != "auto":
+		return unsupported("tool_choice")
+	}
+	return nil
+}
+
+// chatMessages checks roles and content and returns the conversation for the template.
+func (r *chatRequest) chatMessages() ([]session.Message, error) {
+	if len(r.Messages) == 0 {
+		return nil, badRequest("messages", "messages must not be empty")
+	}
+	out := make([]session.Message, 0, len(r.Messages))
+	for i, m := range r.Messages {
+		role := m.Role
+		switch role {
+		case "system", "user", "assistant":
+		case "developer":
+			role = "system"
+		case "":
+			return nil, badRequest(fmt.Sprintf("messages[%d].role", i), "message %d has no role", i)
+		default:
+			return nil, badRequest(fmt.Sprintf("messages[%d].role", i),
+				"role %q is not supported (use system, developer, user or assistant)", m.Role)
+		}
+		if m.Content.Null && role != "assistant" {
+			return nil, badRequest(fmt.Sprintf("messages[%d].content", i), "message %d (%s) has no content", i, role)
+		}
+		out = append(out, session.Message{Role: role, Content: m.Content.Text})
+	}
+	return out, nil
+}

@@ -1,0 +1,100 @@
+package node
+
+import "github.com/infernode/infernode/session"
+
+// OpenAI response objects. Field order and names follow OpenAI's API reference.
+
+type usage struct {
+	PromptTokens        int           `json:"prompt_tokens"`
+	CompletionTokens    int           `json:"completion_tokens"`
+	TotalTokens         int           `json:"total_tokens"`
+	PromptTokensDetails promptDetails `json:"prompt_tokens_details"`
+}
+
+type promptDetails struct {
+	CachedTokens int `json:"cached_tokens"`
+}
+
+func usageOf(r session.Result) usage {
+	return usage{PromptTokens: r.PromptTokens, CompletionTokens: r.CompletionTokens,
+		TotalTokens: r.PromptTokens + r.CompletionTokens, PromptTokensDetails: promptDetails{r.CachedTokens}}
+}
+
+type message struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+type delta struct {
+	Role    string `json:"role,omitempty"`
+	Content string `json:"content"`
+}
+
+type choice struct {
+	Index        int      `json:"index"`
+	Message      *message `json:"message,omitempty"` // chat
+	Delta        *delta   `json:"delta,omitempty"`   // chat stream
+	Text         *string  `json:"text,omitempty"`    // text completion
+	Logprobs     any      `json:"logprobs"`
+	FinishReason *string  `json:"finish_reason"`
+}
+
+type completionObject struct {
+	ID      string   `json:"id"`
+	Object  string   `json:"object"`
+	Created int64    `json:"created"`
+	Model   string   `json:"model"`
+	Choices []choice `json:"choices"`
+	Usage   *usage   `json:"usage,omitempty"`
+}
+
+func (c *completion) object(kind string) completionObject {
+	return completionObject{ID: c.id, Object: kind, Created: c.start.Unix(), Model: c.model, Choices: []choice{}}
+}
+
+// response is the non-streaming answer.
+func (c *completion) response(text string, res session.Result) completionObject {
+	finish := res.FinishReason
+	ch := choice{FinishReason: &finish}
+	kind := "text_completion"
+	if c.chat {
+		kind, ch.Message = "chat.completion", &message{Role: "assistant", Content: text}
+	} else {
+		ch.Text = &text
+	}
+	o := c.object(kind)
+	o.Choices = []choice{ch}
+	u := usageOf(res)
+	o.Usage = &u
+	return o
+}
+
+// chunk is one streamed piece: the assistant role announcement (chat), text, or the
+// final chunk carrying finish.
+func (c *completion) chunk(text string, role bool, finish *string) completionObject {
+	ch := choice{FinishReason: finish}
+	kind := "text_completion"
+	if c.chat {
+		kind, ch.Delta = "chat.completion.chunk", &delta{Content: text}
+		if role {
+			ch.Delta.Role = "assistant"
+		}
+	} else {
+		ch.Text = &text
+	}
+	o := c.object(kind)
+	o.Choices = []choice{ch}
+	return o
+}
+
+// usageChunk is the extra last chunk stream_options.include_usage asks for.
+func (c *completion) usageChunk(res session.Result) completionObject {
+	kind := "text_completion"
+	if c.chat {
+		kind = "chat.completion.chunk"
+	}
+	o := c.object(kind)
+	u := usageOf(res)
+	o.Usage = &u
+	return o
+}

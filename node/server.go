@@ -1,0 +1,339 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/valyala/fasthttp"
+	"github.com/valyala/fasthttp/fasthttpadaptor"
+
+	"github.com/infernode/infernode/session"
+)
+
+// Engine is what a node needs of the inference engine. Local adapts *session.Engine;
+// tests use fakes. Implementations must be safe for concurrent use.
+type Engine interface {
+	// Submit starts a generation; see session.Engine.Submit.
+	Submit(ctx context.Context, req session.Request) (Stream, error)
+	// ChatPrompt formats a conversation with the model's chat template.
+	ChatPrompt(msgs []session.Message) (string, error)
+	Stats() session.Stats
+	Ready() bool
+}
+
+// Stream is one generation's output; see session.Stream.
+type Stream interface {
+	Recv() (string, error)
+	Result() session.Result
+	Admitted() (promptTokens, cachedTokens int, ok bool)
+}
+
+// LocalEngine adapts the session engine to Engine. It may be handed to a Server before the
+// model has loaded: until Set, it is not ready and refuses requests with
+// session.ErrClosed (503 not ready).
+type LocalEngine struct {
+	e atomic.Pointer[session.Engine]
+}
+
+// Set makes e the engine that serves requests.
+func (l *LocalEngine) Set(e *session.Engine) { l.e.Store(e) }
+
+func (l *LocalEngine) Submit(ctx context.Context, req session.Request) (Stream, error) {
+	e := l.e.Load()
+	if e == nil {
+		return nil, session.ErrClosed
+	}
+	s, err := e.Submit(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func (l *LocalEngine) ChatPrompt(msgs []session.Message) (string, error) {
+	e := l.e.Load()
+	if e == nil {
+		return "", session.ErrClosed
+	}
+	return e.ChatPrompt(msgs)
+}
+
+func (l *LocalEngine) Stats() session.Stats {
+	if e := l.e.Load(); e != nil {
+		return e.Stats()
+	}
+	return session.Stats{}
+}
+
+func (l *LocalEngine) Ready() bool {
+	e := l.e.Load()
+	return e != nil && e.Ready()
+}
+
+// Server serves the HTTP API of one node.
+type Server struct {
+	cfg     Config
+	log     *slog.Logger
+	engine  Engine
+	metrics *metrics
+	http    *fasthttp.Server
+	promh   fasthttp.RequestHandler
+	slots   chan struct{} // one token per in-flight generation (MaxStreams)
+	created int64
+
+	// base is the parent of every request's context; canceling it ends them all.
+	base       context.Context
+	cancelBase context.CancelFunc
+
+	mu       sync.Mutex
+	active   int           // generations in flight; guarded by mu
+	draining bool          // no new generations; guarded by mu
+	drained  chan struct{} // closed when active drops to 0 while draining; guarded by mu
+
+	closeOnce sync.Once
+}
+
+// New builds a server. It starts nothing: Run serves.
+func New(cfg Config, engine Engine) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("node config: %w", err)
+	}
+	if engine == nil {
+		return nil, errors.New("node: engine is required")
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	s := &Server{
+		cfg:     cfg,
+		log:     log.With("component", "node", "node", cfg.ID),
+		engine:  engine,
+		metrics: newMetrics(engine.Stats),
+		slots:   make(chan struct{}, cfg.MaxStreams),
+		created: time.Now().Unix(),
+	}
+	s.base, s.cancelBase = context.WithCancel(context.Background())
+	s.promh = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}))
+	s.http = &fasthttp.Server{
+		Handler:                       s.handle,
+		ErrorHandler:                  s.handleParseError,
+		Name:                          "infernode",
+		MaxRequestBodySize:            cfg.MaxBodyBytes,
+		ReadTimeout:                   cfg.ReadTimeout,
+		WriteTimeout:                  cfg.WriteTimeout, // per response; streams extend it per event
+		IdleTimeout:                   cfg.IdleTimeout,
+		CloseOnShutdown:               true,
+		NoDefaultContentType:          true,
+		DisableHeaderNamesNormalizing: false,
+		Logger:                        fasthttpLogger{s.log},
+	}
+	return s, nil
+}
+
+// Run serves until ctx ends, then drains: it stops accepting, lets requests in flight
+// finish for up to DrainTimeout, cancels the rest (their clients get an explicit error)
+// and returns.
+func (s *Server) Run(ctx context.Context) error {
+	ln := s.cfg.Listener
+	if ln == nil {
+		var err error
+		if ln, err = net.Listen("tcp", s.cfg.Addr); err != nil {
+			return fmt.Errorf("listen %s: %w", s.cfg.Addr, err)
+		}
+	}
+	s.log.Info("serving", "addr", ln.Addr().String(), "model", s.cfg.ModelName)
+	errc := make(chan error, 1)
+	go func() { errc <- s.http.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	s.log.Info("draining", "timeout", s.cfg.DrainTimeout)
+	drained := s.drain()
+	shutdown := make(chan error, 1)
+	go func() { shutdown <- s.http.Shutdown() }() // stops accepting at once
+	select {
+	case <-drained:
+	case <-time.After(s.cfg.DrainTimeout):
+		s.log.Warn("drain timeout: canceling requests in flight")
+		s.cancelBase()
+		<-drained
+	}
+	s.Close()
+	if err := <-shutdown; err != nil {
+		return fmt.Errorf("shutdown: %w", err)
+	}
+	s.log.Info("stopped")
+	return nil
+}
+
+// begin admits a generation unless the server is draining; end must follow.
+func (s *Server) begin() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.draining {
+		return false
+	}
+	s.active++
+	return true
+}
+
+func (s *Server) end() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.active--
+	if s.active == 0 && s.drained != nil {
+		close(s.drained)
+		s.drained = nil
+	}
+}
+
+// drain refuses new generations and returns a channel closed once none is in flight.
+func (s *Server) drain() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.draining = true
+	ch := make(chan struct{})
+	if s.active == 0 {
+		close(ch)
+	} else {
+		s.drained = ch
+	}
+	return ch
+}
+
+// Close cancels every request in flight. It is safe to call twice.
+func (s *Server) Close() {
+	s.closeOnce.Do(s.cancelBase)
+}
+
+// handle routes a request.
+func (s *Server) handle(ctx *fasthttp.RequestCtx) {
+	path := string(ctx.Path())
+	endpoint, status := path, 0
+	switch path {
+	case "/v1/chat/completions":
+		status = s.guard(ctx, true, fasthttp.MethodPost, func() { s.handleCompletion(ctx, true) })
+	case "/v1/completions":
+		status = s.guard(ctx, true, fasthttp.MethodPost, func() { s.handleCompletion(ctx, false) })
+	case "/v1/models":
+		status = s.guard(ctx, true, fasthttp.MethodGet, func() { s.handleModels(ctx) })
+	case "/healthz":
+		status = s.guard(ctx, false, fasthttp.MethodGet, func() { writeJSON(ctx, fasthttp.StatusOK, map[string]string{"status": "ok"}) })
+	case "/readyz":
+		status = s.guard(ctx, false, fasthttp.MethodGet, func() { s.handleReady(ctx) })
+	case "/metrics":
+		status = s.guard(ctx, s.cfg.ProtectOps, fasthttp.MethodGet, func() { s.promh(ctx) })
+	default:
+		if len(path) > len("/v1/models/") && path[:len("/v1/models/")] == "/v1/models/" {
+			endpoint = "/v1/models/{id}"
+			status = s.guard(ctx, true, fasthttp.MethodGet, func() { s.handleModel(ctx, path[len("/v1/models/"):]) })
+		} else {
+			endpoint = "other"
+			status = writeError(ctx, errNotFound).Status
+		}
+	}
+	ctx.Response.Header.Set("X-Infernode-Node", s.cfg.ID)
+	s.metrics.request(endpoint, status)
+}
+
+// guard checks method and API key, runs serve, and returns the status sent.
+func (s *Server) guard(ctx *fasthttp.RequestCtx, auth bool, method string, serve func()) int {
+	switch {
+	case string(ctx.Method()) != method:
+		ctx.Response.Header.Set("Allow", method)
+		writeError(ctx, methodNotAllowed(method))
+	case auth && !s.authorized(ctx):
+		writeError(ctx, errUnauthorized)
+	default:
+		serve()
+	}
+	return ctx.Response.StatusCode()
+}
+
+func (s *Server) authorized(ctx *fasthttp.RequestCtx) bool {
+	if s.cfg.APIKey == "" {
+		return true
+	}
+	got, ok := bytes.CutPrefix(ctx.Request.Header.Peek("Authorization"), []byte("Bearer "))
+	return ok && subtle.ConstantTimeCompare(got, []byte(s.cfg.APIKey)) == 1
+}
+
+// handleParseError answers requests fasthttp could not read (too large, malformed).
+func (s *Server) handleParseError(ctx *fasthttp.RequestCtx, err error) {
+	var e *apiError
+	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
+		e = writeError(ctx, errBodyTooLarge)
+	} else {
+		e = writeError(ctx, badRequest("", "cannot read the HTTP request: %v", err))
+	}
+	ctx.SetConnectionClose()
+	s.metrics.request("unreadable", e.Status)
+}
+
+func (s *Server) handleReady(ctx *fasthttp.RequestCtx) {
+	if !s.engine.Ready() {
+		ctx.Response.Header.Set("Retry-After", "2")
+		writeJSON(ctx, fasthttp.StatusServiceUnavailable, map[string]any{"ready": false, "reason": "model loading or engine stopped"})
+		return
+	}
+	writeJSON(ctx, fasthttp.StatusOK, map[string]any{"ready": true})
+}
+
+type modelObject struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	OwnedBy string `json:"owned_by"`
+}
+
+func (s *Server) model() modelObject {
+	return modelObject{ID: s.cfg.ModelName, Object: "model", Created: s.created, OwnedBy: "infernode"}
+}
+
+func (s *Server) handleModels(ctx *fasthttp.RequestCtx) {
+	writeJSON(ctx, fasthttp.StatusOK, map[string]any{"object": "list", "data": []modelObject{s.model()}})
+}
+
+func (s *Server) handleModel(ctx *fasthttp.RequestCtx, id string) {
+	if id != s.cfg.ModelName {
+		writeError(ctx, s.unknownModel(id))
+		return
+	}
+	writeJSON(ctx, fasthttp.StatusOK, s.model())
+}
+
+func (s *Server) unknownModel(id string) *apiError {
+	return &apiError{Status: fasthttp.StatusNotFound, Type: "invalid_request_error", Param: "model", Code: "model_not_found",
+		Message: fmt.Sprintf("model %q does not exist here; this node serves %q", id, s.cfg.ModelName)}
+}
+
+func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		writeError(ctx, err)
+		return
+	}
+	ctx.SetStatusCode(status)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(b)
+}
+
+// fasthttpLogger sends fasthttp's own messages to slog.
+type fasthttpLogger struct{ log *slog.Logger }
+
+func (l fasthttpLogger) Printf(format string, args ...any) {
+	l.log.Debug("fasthttp", "msg", fmt.Sprintf(format, args...))
+}
