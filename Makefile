@@ -21,7 +21,7 @@ export CGO_CXXFLAGS := -O3 -march=native
 APT_PACKAGES := nlohmann-json3-dev libstb-dev
 MALGO        := github.com/gen2brain/malgo@v0.11.24
 
-.PHONY: all deps build model bench-model test test-short race lint tidy-check bench run clean
+.PHONY: all deps build model bench-model test race lint tidy-check bench bench-http run clean
 
 all: build
 
@@ -76,9 +76,17 @@ COUNT     ?= 1
 bench: deps bench-model
 	INFERNODE_BENCH_MODEL=$(CURDIR)/$(BENCH_MODEL) $(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -count $(COUNT) -timeout 60m ./session/
 
+# bench-http: one node on the realistic-shape model, measured through HTTP by loadgen
+# (which takes any OpenAI-compatible URL: bin/loadgen --url ...).
+BENCH_PORT ?= 18090
+bench-http: build bench-model
+	@$(BIN)/infernode --model $(BENCH_MODEL) --addr 127.0.0.1:$(BENCH_PORT) --seed 1 --log-level warn & pid=$$!; \
+	trap "kill $$pid 2>/dev/null" EXIT; \
+	until curl -sf 127.0.0.1:$(BENCH_PORT)/readyz >/dev/null; do kill -0 $$pid || exit 1; sleep 0.2; done; \
+	$(BIN)/loadgen --url http://127.0.0.1:$(BENCH_PORT) --concurrency 1,4,8 --rounds 5 --max-tokens 64
+
 run: build model
-	@echo "make run: the cluster arrives with the cluster issue; starting one node on $(MODEL)"
-	$(BIN)/infernode --model $(MODEL)
+	$(BIN)/infernode --model $(MODEL) --addr 127.0.0.1:8081
 
 clean:
 	rm -rf $(BIN) .build models

@@ -17,7 +17,7 @@ type Stream struct {
 	pending strings.Builder
 	done    bool
 	res     Result
-	started bool // admitted: PromptTokens and CachedTokens of res are set
+	started bool          // admitted: PromptTokens and CachedTokens of res are set
 	notify  chan struct{} // capacity 1: "something changed"
 }
 

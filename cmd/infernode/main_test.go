@@ -1,0 +1,200 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var binary string
+
+// TestMain builds the infernode binary once; the tests run it as real processes.
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "infernode-test")
+	if err != nil {
+		panic(err)
+	}
+	binary = filepath.Join(dir, "infernode")
+	out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "build infernode: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func TestHelpAndBadFlags(t *testing.T) {
+	out, err := exec.Command(binary, "--help").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "Usage:") || !strings.Contains(string(out), "INFERNODE_") {
+		t.Errorf("--help: %v\n%s", err, out)
+	}
+	cmd := exec.Command(binary)
+	cmd.Env = append(os.Environ(), "INFERNODE_MODEL=")
+	out, err = cmd.CombinedOutput()
+	if code := exitCode(err); code != 2 || !strings.Contains(string(out), "--model is required") {
+		t.Errorf("no model: exit %d\n%s", code, out)
+	}
+	cmd = exec.Command(binary, "--model", "m.gguf")
+	cmd.Env = append(os.Environ(), "INFERNODE_LOG_FORMAT=yaml")
+	out, err = cmd.CombinedOutput()
+	if code := exitCode(err); code != 2 || !strings.Contains(string(out), "--log-format") {
+		t.Errorf("bad env value: exit %d\n%s", code, out)
+	}
+}
+
+func exitCode(err error) int {
+	if ee, ok := err.(*exec.ExitError); ok {
+		return ee.ExitCode()
+	}
+	if err != nil {
+		return -1
+	}
+	return 0
+}
+
+// process is a running infernode.
+type process struct {
+	cmd  *exec.Cmd
+	url  string
+	done chan error
+}
+
+// start runs infernode on a free loopback port, configured through the environment as a
+// user would, and waits until it is ready.
+func start(t *testing.T, args ...string) *process {
+	t.Helper()
+	model := os.Getenv("INFERNODE_TEST_MODEL")
+	if model == "" {
+		t.Skip("INFERNODE_TEST_MODEL not set; run through make test")
+	}
+	cmd := exec.Command(binary, append([]string{"--log-format", "json"}, args...)...)
+	cmd.Env = append(os.Environ(), "INFERNODE_MODEL="+model, "INFERNODE_ADDR=127.0.0.1:0", "INFERNODE_CTX=2048")
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &process{cmd: cmd, done: make(chan error, 1)}
+	addr := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			var line struct{ Msg, Addr string }
+			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "serving" {
+				addr <- line.Addr
+			}
+			t.Log(sc.Text())
+		}
+		p.done <- cmd.Wait()
+	}()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-p.done
+	})
+	select {
+	case a := <-addr:
+		p.url = "http://" + a
+	case <-time.After(30 * time.Second):
+		t.Fatal("infernode did not report its address")
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Get(p.url + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return p
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("infernode did not become ready")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// openStream starts a streaming completion and returns its body once the first event
+// has arrived.
+func openStream(t *testing.T, p *process, maxTokens int) *bufio.Reader {
+	t.Helper()
+	body := fmt.Sprintf(`{"prompt":"the long story","max_tokens":%d,"temperature":0,"stream":true}`, maxTokens)
+	resp, err := http.Post(p.url+"/v1/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	if resp.StatusCode != 200 {
+		t.Fatalf("stream: status %d", resp.StatusCode)
+	}
+	br := bufio.NewReader(resp.Body)
+	if line, err := br.ReadString('\n'); err != nil || !strings.HasPrefix(line, "data: {") {
+		t.Fatalf("first event %q, %v", line, err)
+	}
+	return br
+}
+
+func TestSIGTERMDrainsStreams(t *testing.T) {
+	p := start(t, "--drain-timeout", "30s")
+	stream := openStream(t, p, 1500)
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	rest, err := io.ReadAll(stream)
+	if err != nil {
+		t.Fatalf("stream cut during drain: %v", err)
+	}
+	if !strings.HasSuffix(string(rest), "data: [DONE]\n\n") || !strings.Contains(string(rest), `"finish_reason":"length"`) {
+		t.Errorf("stream did not finish during drain; ends %q", tail(string(rest)))
+	}
+	select {
+	case err := <-p.done:
+		if err != nil {
+			t.Errorf("exit after SIGTERM: %v, want 0", err)
+		}
+		p.done <- err // for Cleanup
+	case <-time.After(30 * time.Second):
+		t.Fatal("infernode did not exit after its streams finished")
+	}
+	if _, err := http.Get(p.url + "/healthz"); err == nil {
+		t.Error("infernode still accepts connections after exiting")
+	}
+}
+
+func TestDrainTimeoutEndsStreamsExplicitly(t *testing.T) {
+	p := start(t, "--drain-timeout", "300ms")
+	stream := openStream(t, p, 2000)
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	rest, _ := io.ReadAll(stream)
+	if !strings.Contains(string(rest), `data: {"error":`) || strings.Contains(string(rest), "[DONE]") {
+		t.Errorf("stream canceled by the drain timeout must end with an error event; ends %q", tail(string(rest)))
+	}
+	select {
+	case err := <-p.done:
+		if err != nil {
+			t.Errorf("exit: %v, want 0", err)
+		}
+		p.done <- err
+	case <-time.After(30 * time.Second):
+		t.Fatal("infernode did not exit after the drain timeout")
+	}
+}
+
+func tail(s string) string {
+	if len(s) > 300 {
+		return "..." + s[len(s)-300:]
+	}
+	return s
+}

@@ -1,0 +1,257 @@
+// Command loadgen measures an OpenAI-compatible server (infernode or any other) by URL:
+// rounds of N concurrent streaming chat completions, reporting aggregate decode
+// throughput and time-to-first-token and inter-token latency percentiles.
+//
+//	loadgen --url http://127.0.0.1:8080 --concurrency 1,4,8 --rounds 5 --max-tokens 64
+//
+// Decode throughput is measured as in the session engine's BenchmarkDecode, so the two can
+// be compared: in steady state, counting text events (one a token while the client keeps
+// up) that arrive while every request of the round is decoding, from the last first-token
+// to the first finish, over that window's length. Requests that arrive a little apart and
+// prefill at different times therefore do not count against the server.
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+type result struct {
+	start, first, end time.Time
+	tokens            int
+	events            []time.Time // arrival of each text event
+	gaps              []time.Duration
+	err               error
+}
+
+type level struct {
+	Concurrency int     `json:"concurrency"`
+	Requests    int     `json:"requests"`
+	Failed      int     `json:"failed"`
+	DecodeTokS  float64 `json:"decode_tok_s"`
+	TTFTp50ms   float64 `json:"ttft_p50_ms"`
+	TTFTp99ms   float64 `json:"ttft_p99_ms"`
+	ITLp50ms    float64 `json:"itl_p50_ms"`
+	ITLp99ms    float64 `json:"itl_p99_ms"`
+	TotalTokens int     `json:"completion_tokens"`
+	WallSeconds float64 `json:"wall_s"`
+}
+
+func main() {
+	url := flag.String("url", "http://127.0.0.1:8080", "base URL of the server (without /v1)")
+	model := flag.String("model", "", "model id (default: the first of GET /v1/models)")
+	apiKey := flag.String("api-key", os.Getenv("OPENAI_API_KEY"), "bearer token, if the server wants one")
+	levels := flag.String("concurrency", "1,4,8", "comma-separated concurrent streams per round")
+	rounds := flag.Int("rounds", 5, "rounds per concurrency level")
+	maxTokens := flag.Int("max-tokens", 64, "tokens to generate per request")
+	promptWords := flag.Int("prompt-words", 16, "words in each request's user message")
+	asJSON := flag.Bool("json", false, "print JSON instead of a table")
+	flag.Parse()
+
+	client := &http.Client{Timeout: 10 * time.Minute}
+	if *model == "" {
+		m, err := firstModel(client, *url, *apiKey)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "loadgen: %v\n", err)
+			os.Exit(1)
+		}
+		*model = m
+	}
+	var out []level
+	for _, f := range strings.Split(*levels, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			fmt.Fprintf(os.Stderr, "loadgen: bad concurrency %q\n", f)
+			os.Exit(2)
+		}
+		var all []result
+		var decodeTok, decodeSec float64
+		for r := range *rounds {
+			res := round(client, *url, *apiKey, *model, n, r, *maxTokens, *promptWords)
+			all = append(all, res...)
+			var events [][]time.Time
+			for _, x := range res {
+				events = append(events, x.events)
+			}
+			t, s := steadyRate(events)
+			decodeTok += t
+			decodeSec += s
+		}
+		out = append(out, summarize(n, all, decodeTok/decodeSec))
+	}
+	if *asJSON {
+		json.NewEncoder(os.Stdout).Encode(out)
+		return
+	}
+	fmt.Printf("%-12s %8s %7s %12s %10s %10s %10s %10s\n", "concurrency", "requests", "failed", "decode tok/s", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99")
+	for _, l := range out {
+		fmt.Printf("%-12d %8d %7d %12.1f %8.1fms %8.1fms %8.2fms %8.2fms\n", l.Concurrency, l.Requests, l.Failed,
+			l.DecodeTokS, l.TTFTp50ms, l.TTFTp99ms, l.ITLp50ms, l.ITLp99ms)
+	}
+}
+
+func firstModel(client *http.Client, url, key string) (string, error) {
+	req, _ := http.NewRequest("GET", url+"/v1/models", nil)
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	var list struct{ Data []struct{ ID string } }
+	if err := json.NewDecoder(resp.Body).Decode(&list); err != nil || len(list.Data) == 0 {
+		return "", fmt.Errorf("GET /v1/models: no model listed (status %d)", resp.StatusCode)
+	}
+	return list.Data[0].ID, nil
+}
+
+// round runs n requests at once, each its own conversation.
+func round(client *http.Client, url, key, model string, n, r, maxTokens, words int) []result {
+	out := make([]result, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			prompt := fmt.Sprintf("round %d request %d: %s", r, i, strings.Repeat("tell me about the river ", max(1, words/5)))
+			out[i] = stream(client, url, key, model, prompt, maxTokens, int64(r*1000+i))
+		})
+	}
+	wg.Wait()
+	return out
+}
+
+func stream(client *http.Client, url, key, model, prompt string, maxTokens int, seed int64) result {
+	body, _ := json.Marshal(map[string]any{
+		"model": model, "messages": []map[string]string{{"role": "user", "content": prompt}},
+		"max_tokens": maxTokens, "stream": true, "seed": seed, "temperature": 0.8,
+		"stream_options": map[string]bool{"include_usage": true},
+	})
+	res := result{start: time.Now()}
+	req, _ := http.NewRequest("POST", url+"/v1/chat/completions", bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		res.err = err
+		return res
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		res.err = fmt.Errorf("status %d", resp.StatusCode)
+		return res
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	var last time.Time
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok || data == "[DONE]" {
+			continue
+		}
+		var chunk struct {
+			Choices []struct{ Delta struct{ Content string } }
+			Usage   *struct {
+				CompletionTokens int `json:"completion_tokens"`
+			}
+			Error *struct{ Message string }
+		}
+		if err := json.Unmarshal([]byte(data), &chunk); err != nil {
+			res.err = err
+			return res
+		}
+		if chunk.Error != nil {
+			res.err = fmt.Errorf("stream error: %s", chunk.Error.Message)
+			return res
+		}
+		if chunk.Usage != nil {
+			res.tokens = chunk.Usage.CompletionTokens
+		}
+		if len(chunk.Choices) > 0 && chunk.Choices[0].Delta.Content != "" {
+			now := time.Now()
+			res.events = append(res.events, now)
+			if res.first.IsZero() {
+				res.first = now
+			} else {
+				res.gaps = append(res.gaps, now.Sub(last))
+			}
+			last = now
+		}
+	}
+	res.end = time.Now()
+	res.err = sc.Err()
+	return res
+}
+
+// steadyRate counts the events of all requests inside the window where every request is
+// between its first and last event, and returns that count and the window's length.
+func steadyRate(events [][]time.Time) (count, seconds float64) {
+	var from, to time.Time
+	for _, ev := range events {
+		if len(ev) < 2 {
+			return 0, 0
+		}
+		if from.IsZero() || ev[0].After(from) {
+			from = ev[0]
+		}
+		if to.IsZero() || ev[len(ev)-1].Before(to) {
+			to = ev[len(ev)-1]
+		}
+	}
+	for _, ev := range events {
+		for _, t := range ev {
+			if t.After(from) && !t.After(to) {
+				count++
+			}
+		}
+	}
+	return count, to.Sub(from).Seconds()
+}
+
+func summarize(n int, rs []result, decode float64) level {
+	l := level{Concurrency: n, Requests: len(rs), DecodeTokS: decode}
+	var ttft, gaps []time.Duration
+	var first, last time.Time
+	for _, r := range rs {
+		if r.err != nil {
+			l.Failed++
+			fmt.Fprintf(os.Stderr, "loadgen: request failed: %v\n", r.err)
+			continue
+		}
+		ttft = append(ttft, r.first.Sub(r.start))
+		gaps = append(gaps, r.gaps...)
+		l.TotalTokens += r.tokens
+		if first.IsZero() || r.start.Before(first) {
+			first = r.start
+		}
+		if r.end.After(last) {
+			last = r.end
+		}
+	}
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	l.TTFTp50ms, l.TTFTp99ms = ms(pct(ttft, 50)), ms(pct(ttft, 99))
+	l.ITLp50ms, l.ITLp99ms = ms(pct(gaps, 50)), ms(pct(gaps, 99))
+	l.WallSeconds = last.Sub(first).Seconds()
+	return l
+}
+
+func pct(d []time.Duration, p int) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return s[min(len(s)-1, len(s)*p/100)]
+}
