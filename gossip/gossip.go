@@ -1,0 +1,316 @@
+package gossip
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+)
+
+// Config configures membership.
+type Config struct {
+	// ID is the node's stable id. Required.
+	ID string
+	// Incarnation tells this process start apart from earlier ones of the same ID; the
+	// memberlist name is ID#Incarnation, so a restarted node is a new member and never
+	// waits out the old one's dead timeout. Default: the start time in nanoseconds.
+	Incarnation string
+	// BindAddr and BindPort are where gossip listens (TCP and UDP). Port 0 picks one.
+	BindAddr string
+	BindPort int
+	// AdvertiseAddr and AdvertisePort are what peers dial; default: the bound address
+	// (an explicit address is needed when binding 0.0.0.0).
+	AdvertiseAddr string
+	AdvertisePort int
+	// Join lists seed peers (host:port). Empty starts a new cluster.
+	Join []string
+	// RejoinInterval is how often the seeds are joined again, so a node cut off longer
+	// than the dead timeout finds its way back. Default 5s.
+	RejoinInterval time.Duration
+	// MetaInterval bounds how often metadata changes are gossiped. Default 500ms.
+	MetaInterval time.Duration
+	// Key, if set (16, 24 or 32 bytes), encrypts gossip; every node needs the same key.
+	Key []byte
+	// ProbeInterval, ProbeTimeout and SuspicionMult tune failure detection; defaults are
+	// set for a LAN: a dead node is declared dead in about 2 seconds.
+	ProbeInterval time.Duration
+	ProbeTimeout  time.Duration
+	SuspicionMult int
+	// Logger receives membership logs. Nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// DefaultConfig returns gossip settings for a LAN.
+func DefaultConfig() Config {
+	return Config{
+		BindAddr:       "0.0.0.0",
+		BindPort:       7946,
+		RejoinInterval: 5 * time.Second,
+		MetaInterval:   500 * time.Millisecond,
+		ProbeInterval:  500 * time.Millisecond, // memberlist's LAN default is 1s
+		ProbeTimeout:   250 * time.Millisecond, // loopback and LAN round trips are far below this
+		SuspicionMult:  3,                      // suspect → dead after 3*log10(n)*probe, at least 1.5s
+	}
+}
+
+// Validate reports every problem with c at once.
+func (c Config) Validate() error {
+	var errs []error
+	if c.ID == "" {
+		errs = append(errs, errors.New("gossip: node id is required"))
+	}
+	if n := len(c.Key); n != 0 && n != 16 && n != 24 && n != 32 {
+		errs = append(errs, fmt.Errorf("gossip: key must be 16, 24 or 32 bytes, got %d", n))
+	}
+	if c.ProbeInterval <= 0 || c.ProbeTimeout <= 0 || c.ProbeTimeout >= c.ProbeInterval {
+		errs = append(errs, fmt.Errorf("gossip: need 0 < probe timeout (%v) < probe interval (%v)", c.ProbeTimeout, c.ProbeInterval))
+	}
+	if c.SuspicionMult < 1 || c.RejoinInterval <= 0 || c.MetaInterval <= 0 {
+		errs = append(errs, errors.New("gossip: suspicion multiplier, rejoin and meta intervals must be positive"))
+	}
+	return errors.Join(errs...)
+}
+
+// State is a member's state as gossip sees it.
+type State string
+
+const (
+	Alive State = "alive"
+	Dead  State = "dead" // stopped answering probes
+	Left  State = "left" // left gracefully
+)
+
+// Member is one member of the cluster.
+type Member struct {
+	Name  string // memberlist name: id#incarnation
+	Addr  string // gossip host:port
+	Meta  Meta
+	State State
+}
+
+// Gossip is a node's membership.
+type Gossip struct {
+	cfg  Config
+	log  *slog.Logger
+	name string
+
+	mu      sync.Mutex
+	meta    Meta
+	metaNew bool // meta changed since last gossiped; guarded by mu
+	members map[string]Member
+	ml      *memberlist.Memberlist
+	joined  bool
+
+	changes chan struct{}
+}
+
+// New validates cfg. It starts nothing: Run does.
+func New(cfg Config, meta Meta) (*Gossip, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if _, err := meta.Encode(); err != nil {
+		return nil, err
+	}
+	if cfg.Incarnation == "" {
+		cfg.Incarnation = strconv.FormatInt(time.Now().UnixNano(), 36)
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Gossip{
+		cfg: cfg, log: log.With("component", "gossip"), name: cfg.ID + "#" + cfg.Incarnation,
+		meta: meta, members: map[string]Member{}, changes: make(chan struct{}, 1),
+	}, nil
+}
+
+// Name is this node's memberlist name.
+func (g *Gossip) Name() string { return g.name }
+
+// Changes signals (coalesced) that Members may have changed.
+func (g *Gossip) Changes() <-chan struct{} { return g.changes }
+
+// Members is a snapshot of every member ever seen, with its latest state, this node
+// included.
+func (g *Gossip) Members() []Member {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	out := make([]Member, 0, len(g.members))
+	for _, m := range g.members {
+		out = append(out, m)
+	}
+	slices.SortFunc(out, func(a, b Member) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
+
+// Joined reports whether this node has joined a cluster (or started one: no seeds).
+func (g *Gossip) Joined() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.joined
+}
+
+// Addr is the gossip address peers use, once Run has started.
+func (g *Gossip) Addr() string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.ml == nil {
+		return ""
+	}
+	n := g.ml.LocalNode()
+	return net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))
+}
+
+// SetMeta replaces this node's metadata; Run gossips it within MetaInterval.
+func (g *Gossip) SetMeta(m Meta) error {
+	if _, err := m.Encode(); err != nil {
+		return err
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if m != g.meta {
+		g.meta, g.metaNew = m, true
+	}
+	return nil
+}
+
+// Run starts memberlist, joins the seeds (retrying with backoff), re-joins them
+// periodically, gossips metadata changes, and on ctx's end leaves the cluster gracefully.
+func (g *Gossip) Run(ctx context.Context) error {
+	mc := memberlist.DefaultLANConfig()
+	mc.Name = g.name
+	mc.BindAddr, mc.BindPort = g.cfg.BindAddr, g.cfg.BindPort
+	mc.AdvertiseAddr, mc.AdvertisePort = g.cfg.AdvertiseAddr, g.cfg.AdvertisePort
+	mc.ProbeInterval, mc.ProbeTimeout, mc.SuspicionMult = g.cfg.ProbeInterval, g.cfg.ProbeTimeout, g.cfg.SuspicionMult
+	mc.GossipInterval = 100 * time.Millisecond
+	mc.SecretKey = g.cfg.Key
+	mc.Delegate = delegate{g}
+	mc.Events = events{g}
+	mc.Logger = slog.NewLogLogger(g.log.Handler(), slog.LevelDebug)
+	ml, err := memberlist.Create(mc)
+	if err != nil {
+		return fmt.Errorf("gossip: start memberlist: %w", err)
+	}
+	g.mu.Lock()
+	g.ml = ml
+	g.joined = len(g.cfg.Join) == 0
+	g.mu.Unlock()
+	g.log.Info("gossip started", "name", g.name, "addr", g.Addr(), "seeds", g.cfg.Join)
+
+	defer func() {
+		// Announce the leave in metadata first: memberlist's leave callback does not say
+		// whether a node left or died.
+		g.mu.Lock()
+		g.meta.Leaving = true
+		g.mu.Unlock()
+		if err := ml.UpdateNode(500 * time.Millisecond); err != nil {
+			g.log.Debug("leave announcement failed", "err", err)
+		}
+		if err := ml.Leave(time.Second); err != nil {
+			g.log.Warn("leave failed", "err", err)
+		}
+		ml.Shutdown()
+		g.log.Info("gossip stopped")
+	}()
+
+	backoff := 100 * time.Millisecond
+	joinAt := time.Now()
+	tick := time.NewTicker(min(g.cfg.MetaInterval, 200*time.Millisecond))
+	defer tick.Stop()
+	lastMeta := time.Time{}
+	for {
+		now := time.Now()
+		if len(g.cfg.Join) > 0 && !now.Before(joinAt) {
+			n, err := ml.Join(g.cfg.Join)
+			switch {
+			case err != nil && n == 0:
+				g.log.Debug("join failed", "seeds", g.cfg.Join, "err", err, "retry_in", backoff)
+				joinAt, backoff = now.Add(backoff), min(2*backoff, g.cfg.RejoinInterval)
+			default:
+				if !g.Joined() {
+					g.log.Info("joined cluster", "contacted", n)
+				}
+				g.mu.Lock()
+				g.joined = true
+				g.mu.Unlock()
+				joinAt, backoff = now.Add(g.cfg.RejoinInterval), 100*time.Millisecond
+			}
+		}
+		g.mu.Lock()
+		push := g.metaNew && now.Sub(lastMeta) >= g.cfg.MetaInterval
+		g.metaNew = g.metaNew && !push
+		g.mu.Unlock()
+		if push {
+			lastMeta = now
+			if err := ml.UpdateNode(time.Second); err != nil {
+				g.log.Warn("metadata update failed", "err", err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+	}
+}
+
+func (g *Gossip) signal() {
+	select {
+	case g.changes <- struct{}{}:
+	default:
+	}
+}
+
+// record stores what memberlist says about a node. Called from memberlist's goroutines:
+// it must not block.
+func (g *Gossip) record(n *memberlist.Node, st State) {
+	meta, err := DecodeMeta(n.Meta)
+	if err != nil {
+		g.log.Warn("bad metadata from peer", "name", n.Name, "err", err)
+	}
+	g.mu.Lock()
+	g.members[n.Name] = Member{Name: n.Name, Addr: net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port))), Meta: meta, State: st}
+	g.mu.Unlock()
+	g.log.Debug("member", "name", n.Name, "state", st, "ready", meta.Ready)
+	g.signal()
+}
+
+// delegate serves this node's metadata. memberlist calls it from its own goroutines.
+type delegate struct{ g *Gossip }
+
+func (d delegate) NodeMeta(limit int) []byte {
+	d.g.mu.Lock()
+	m := d.g.meta
+	d.g.mu.Unlock()
+	b, err := m.Encode()
+	if err != nil || len(b) > limit {
+		return nil // SetMeta refuses metadata that does not fit; this cannot happen
+	}
+	return b
+}
+func (delegate) NotifyMsg([]byte)                           {}
+func (delegate) GetBroadcasts(overhead, limit int) [][]byte { return nil }
+func (delegate) LocalState(join bool) []byte                { return nil }
+func (delegate) MergeRemoteState(buf []byte, join bool)     {}
+
+// events records membership changes. memberlist calls it synchronously; it must not block.
+type events struct{ g *Gossip }
+
+func (e events) NotifyJoin(n *memberlist.Node)   { e.g.record(n, Alive) }
+func (e events) NotifyUpdate(n *memberlist.Node) { e.g.record(n, Alive) }
+func (e events) NotifyLeave(n *memberlist.Node) {
+	st := Dead
+	if meta, err := DecodeMeta(n.Meta); err == nil && meta.Leaving {
+		st = Left
+	}
+	e.g.record(n, st)
+}

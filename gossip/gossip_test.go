@@ -1,0 +1,107 @@
+package gossip
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+)
+
+func start(t *testing.T, id string, join []string, key []byte) (*Gossip, context.CancelFunc) {
+	t.Helper()
+	cfg := DefaultConfig()
+	cfg.ID, cfg.BindAddr, cfg.BindPort, cfg.Join, cfg.Key = id, "127.0.0.1", 0, join, key
+	cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	g, err := New(cfg, Meta{ID: id, HTTPAddr: "127.0.0.1:1", Fingerprint: "fp"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- g.Run(ctx) }()
+	stop := func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}
+	t.Cleanup(func() {
+		cancel()
+	})
+	waitFor(t, id+" started", func() bool { return g.Addr() != "" })
+	return g, stop
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func states(g *Gossip) map[string]Member {
+	out := map[string]Member{}
+	for _, m := range g.Members() {
+		out[m.Meta.ID] = m
+	}
+	return out
+}
+
+func TestMembership(t *testing.T) {
+	key := []byte("0123456789abcdef")
+	a, _ := start(t, "a", nil, key)
+	b, stopB := start(t, "b", []string{a.Addr()}, key)
+	c, _ := start(t, "c", []string{a.Addr()}, key)
+	for _, g := range []*Gossip{a, b, c} {
+		waitFor(t, g.Name()+" sees 3 alive members", func() bool {
+			s := states(g)
+			return len(s) == 3 && s["a"].State == Alive && s["b"].State == Alive && s["c"].State == Alive
+		})
+	}
+	if !strings.HasPrefix(b.Name(), "b#") || !b.Joined() {
+		t.Errorf("name %q joined %v", b.Name(), b.Joined())
+	}
+	if err := b.SetMeta(Meta{ID: "b", HTTPAddr: "127.0.0.1:1", Fingerprint: "fp", Ready: true, Running: 3}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a sees b's new metadata", func() bool { m := states(a)["b"].Meta; return m.Ready && m.Running == 3 })
+	stopB()
+	waitFor(t, "a sees b leave", func() bool { return states(a)["b"].State == Left })
+	waitFor(t, "c sees b leave", func() bool { return states(c)["b"].State == Left })
+
+	// A node with another key cannot join.
+	cfg := DefaultConfig()
+	cfg.ID, cfg.BindAddr, cfg.BindPort, cfg.Join = "x", "127.0.0.1", 0, []string{a.Addr()}
+	cfg.Key = []byte("fedcba9876543210")
+	x, _ := New(cfg, Meta{ID: "x"})
+	ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
+	defer cancel()
+	x.Run(ctx)
+	if x.Joined() || len(states(a)) != 3 {
+		t.Errorf("a node with the wrong key joined: %v", states(a))
+	}
+}
+
+func TestMetaLimit(t *testing.T) {
+	if _, err := New(DefaultConfig(), Meta{ID: "a", HTTPAddr: strings.Repeat("h", 600)}); err == nil {
+		t.Error("New accepted metadata over 512 bytes")
+	}
+	cfg := DefaultConfig()
+	cfg.ID = "a"
+	g, err := New(cfg, Meta{ID: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.SetMeta(Meta{ID: strings.Repeat("i", 600)}); err == nil {
+		t.Error("SetMeta accepted metadata over 512 bytes")
+	}
+	if b, _ := (Meta{ID: "node-with-a-long-name-0001", HTTPAddr: "255.255.255.255:65535", Fingerprint: strings.Repeat("f", 16),
+		Ready: true, Running: 256, Waiting: 1024, FreeKV: 1 << 20, QueueCap: 1024}).Encode(); len(b) > 200 {
+		t.Errorf("typical metadata is %d bytes", len(b))
+	}
+}
