@@ -26,6 +26,7 @@ var (
 
 // completion is one parsed generation request, chat or text.
 type completion struct {
+	internal     bool // a request forwarded by a peer: answered in the wire format
 	chat         bool
 	endpoint     string
 	id           string
@@ -43,7 +44,30 @@ func (s *Server) handleCompletion(ctx *fasthttp.RequestCtx, chat bool) {
 		writeError(ctx, err)
 		return
 	}
-	s.generate(ctx, c)
+	s.generate(ctx, c, s.engine)
+}
+
+// handleInternal serves a request forwarded by a peer: always here, never forwarded again
+// (one hop at most, however the rings disagree).
+func (s *Server) handleInternal(ctx *fasthttp.RequestCtx) {
+	body := ctx.PostBody()
+	switch {
+	case s.cluster == nil:
+		writeError(ctx, errNotFound)
+		return
+	case s.cluster.cfg.Secret != "" && !s.cluster.verify(body, string(ctx.Request.Header.Peek(signatureHeader))):
+		writeError(ctx, errUnauthorized)
+		return
+	case s.cluster.cfg.Secret == "" && !s.authorized(ctx):
+		writeError(ctx, errUnauthorized)
+		return
+	}
+	c := &completion{internal: true, endpoint: internalPath, stream: true, start: time.Now(), model: s.cfg.ModelName}
+	if err := decodeJSON(body, &c.req); err != nil {
+		writeError(ctx, err)
+		return
+	}
+	s.generate(ctx, c, s.local)
 }
 
 func (s *Server) parseCompletion(ctx *fasthttp.RequestCtx, chat bool) (*completion, error) {
@@ -111,8 +135,8 @@ func jsonContentType(ct []byte) bool {
 
 // generate runs c on the engine and answers, streaming or not. The request is canceled
 // when its client disconnects, falls behind, or the deadline passes.
-func (s *Server) generate(ctx *fasthttp.RequestCtx, c *completion) {
-	if !s.engine.Ready() || !s.begin() {
+func (s *Server) generate(ctx *fasthttp.RequestCtx, c *completion, engine Engine) {
+	if ok, _ := s.ready(); !ok || !s.begin() {
 		writeError(ctx, errNotReady)
 		return
 	}
@@ -136,7 +160,7 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, c *completion) {
 		s.end()
 	}
 
-	st, err := s.engine.Submit(reqCtx, c.req)
+	st, err := engine.Submit(reqCtx, c.req)
 	if err != nil {
 		done()
 		writeError(ctx, err)
@@ -166,6 +190,9 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, c *completion) {
 	s.setGenerationHeaders(ctx, st)
 	ctx.SetStatusCode(fasthttp.StatusOK)
 	ctx.SetContentType("text/event-stream")
+	if c.internal {
+		ctx.SetContentType("application/x-ndjson")
+	}
 	ctx.Response.Header.Set("Cache-Control", "no-cache")
 	conn := ctx.Conn()
 	if tc, ok := conn.(interface{ SetWriteBuffer(int) error }); ok {
@@ -173,8 +200,12 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, c *completion) {
 	}
 	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
 		defer done()
-		sse := &sseWriter{w: w, conn: conn, timeout: s.cfg.WriteTimeout}
-		if err := s.stream(sse, st, c, first, err); err != nil {
+		sse := &sseWriter{w: w, conn: conn, timeout: s.cfg.WriteTimeout, sse: !c.internal}
+		write := s.stream
+		if c.internal {
+			write = s.streamWire
+		}
+		if err := write(sse, st, c, first, err); err != nil {
 			if errors.Is(err, errWriteTimeout) {
 				cancel(errWriteTimeout)
 			} else {
@@ -256,9 +287,36 @@ func (s *Server) stream(sse *sseWriter, st Stream, c *completion, first string, 
 	return sse.data([]byte("[DONE]"))
 }
 
+// streamWire writes an answer in the internal wire format (one JSON object a line) for
+// the peer that forwarded the request.
+func (s *Server) streamWire(w *sseWriter, st Stream, c *completion, first string, firstErr error) error {
+	piece, err := first, firstErr
+	for {
+		if piece != "" {
+			if err := w.event(wireEvent{Text: piece, Tokens: st.Tokens()}); err != nil {
+				return err
+			}
+		}
+		if err != nil {
+			break
+		}
+		piece, err = st.Recv()
+	}
+	res := st.Result()
+	if res.Err != nil {
+		e := toAPIError(res.Err)
+		return w.event(wireEvent{Error: e, Status: e.Status})
+	}
+	return w.event(wireEvent{Done: &wireDone{FinishReason: res.FinishReason, PromptTokens: res.PromptTokens,
+		CachedTokens: res.CachedTokens, CompletionTokens: res.CompletionTokens}})
+}
+
 func (s *Server) setGenerationHeaders(ctx *fasthttp.RequestCtx, st Stream) {
 	_, cached, _ := st.Admitted()
-	ctx.Response.Header.Set("X-Infernode-Cached-Tokens", strconv.Itoa(cached))
+	ctx.Response.Header.Set(cachedHeader, strconv.Itoa(cached))
+	if n, ok := st.(interface{ Node() string }); ok {
+		ctx.Response.Header.Set(nodeHeader, n.Node())
+	}
 }
 
 // countCancel records why a request's context ended early, if it did.
@@ -276,12 +334,14 @@ func (s *Server) countCancel(ctx context.Context) {
 	}
 }
 
-// sseWriter writes server-sent events, each flushed under a fresh write deadline.
+// sseWriter writes events (server-sent events, or JSON lines when sse is false), each
+// flushed under a fresh write deadline.
 // fasthttp copies a streamed body to the connection from its own goroutine, so a deadline
 // that expires there surfaces here as a closed pipe: a failure at or past the deadline is
 // a write timeout. The deadline is left in place after the last event, so the copier's
 // final writes are bounded too; fasthttp sets a new one for the next response.
 type sseWriter struct {
+	sse     bool
 	w       *bufio.Writer
 	conn    interface{ SetWriteDeadline(time.Time) error }
 	timeout time.Duration
@@ -298,9 +358,14 @@ func (w *sseWriter) event(v any) error {
 func (w *sseWriter) data(b []byte) error {
 	deadline := time.Now().Add(w.timeout)
 	w.conn.SetWriteDeadline(deadline)
-	w.w.WriteString("data: ")
+	if w.sse {
+		w.w.WriteString("data: ")
+	}
 	w.w.Write(b)
-	w.w.WriteString("\n\n")
+	if w.sse {
+		w.w.WriteString("\n")
+	}
+	w.w.WriteString("\n")
 	if err := w.w.Flush(); err != nil {
 		if !time.Now().Before(deadline) {
 			return errWriteTimeout

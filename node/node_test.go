@@ -57,7 +57,7 @@ func startNode(t *testing.T, edit func(*Config, *session.Config)) *testNode {
 	}
 	local := &LocalEngine{}
 	local.Set(e)
-	srv, err := New(nc, local)
+	srv, err := New(nc, local, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

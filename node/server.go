@@ -36,6 +36,8 @@ type Stream interface {
 	Recv() (string, error)
 	Result() session.Result
 	Admitted() (promptTokens, cachedTokens int, ok bool)
+	// Tokens is how many tokens have been generated so far.
+	Tokens() int
 }
 
 // LocalEngine adapts the session engine to Engine. It may be handed to a Server before the
@@ -84,7 +86,9 @@ func (l *LocalEngine) Ready() bool {
 type Server struct {
 	cfg     Config
 	log     *slog.Logger
-	engine  Engine
+	engine  Engine   // serves client requests: the router when clustered
+	local   Engine   // serves forwarded requests
+	cluster *Cluster // nil for a standalone node
 	metrics *metrics
 	http    *fasthttp.Server
 	promh   fasthttp.RequestHandler
@@ -103,8 +107,10 @@ type Server struct {
 	closeOnce sync.Once
 }
 
-// New builds a server. It starts nothing: Run serves.
-func New(cfg Config, engine Engine) (*Server, error) {
+// New builds a server in front of engine. With a cluster, client requests are routed to
+// their conversation's owner and forwarded requests from peers are served by engine. It
+// starts nothing: Run serves (and the caller runs the cluster).
+func New(cfg Config, engine Engine, cluster *Cluster) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("node config: %w", err)
 	}
@@ -119,9 +125,15 @@ func New(cfg Config, engine Engine) (*Server, error) {
 		cfg:     cfg,
 		log:     log.With("component", "node", "node", cfg.ID),
 		engine:  engine,
+		local:   engine,
+		cluster: cluster,
 		metrics: newMetrics(engine.Stats),
 		slots:   make(chan struct{}, cfg.MaxStreams),
 		created: time.Now().Unix(),
+	}
+	if cluster != nil {
+		s.engine = cluster.Engine()
+		s.metrics.reg.MustRegister(cluster.collectors()...)
 	}
 	s.base, s.cancelBase = context.WithCancel(context.Background())
 	s.promh = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}))
@@ -234,6 +246,10 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		status = s.guard(ctx, false, fasthttp.MethodGet, func() { writeJSON(ctx, fasthttp.StatusOK, map[string]string{"status": "ok"}) })
 	case "/readyz":
 		status = s.guard(ctx, false, fasthttp.MethodGet, func() { s.handleReady(ctx) })
+	case "/v1/cluster":
+		status = s.guard(ctx, true, fasthttp.MethodGet, func() { s.handleCluster(ctx) })
+	case internalPath:
+		status = s.guard(ctx, false, fasthttp.MethodPost, func() { s.handleInternal(ctx) })
 	case "/metrics":
 		status = s.guard(ctx, s.cfg.ProtectOps, fasthttp.MethodGet, func() { s.promh(ctx) })
 	default:
@@ -245,7 +261,9 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 			status = writeError(ctx, errNotFound).Status
 		}
 	}
-	ctx.Response.Header.Set("X-Infernode-Node", s.cfg.ID)
+	if len(ctx.Response.Header.Peek(nodeHeader)) == 0 {
+		ctx.Response.Header.Set(nodeHeader, s.cfg.ID)
+	}
 	s.metrics.request(endpoint, status)
 }
 
@@ -283,13 +301,34 @@ func (s *Server) handleParseError(ctx *fasthttp.RequestCtx, err error) {
 	s.metrics.request("unreadable", e.Status)
 }
 
+// ready reports whether this node serves: model loaded and warmed, and (in a cluster)
+// gossip joined. It does not depend on being on anyone's ring: peers probe it to decide that.
+func (s *Server) ready() (bool, string) {
+	if s.cluster != nil {
+		return s.cluster.Ready()
+	}
+	if !s.local.Ready() {
+		return false, "model loading or engine stopped"
+	}
+	return true, ""
+}
+
 func (s *Server) handleReady(ctx *fasthttp.RequestCtx) {
-	if !s.engine.Ready() {
+	if ok, why := s.ready(); !ok {
 		ctx.Response.Header.Set("Retry-After", "2")
-		writeJSON(ctx, fasthttp.StatusServiceUnavailable, map[string]any{"ready": false, "reason": "model loading or engine stopped"})
+		writeJSON(ctx, fasthttp.StatusServiceUnavailable, map[string]any{"ready": false, "reason": why})
 		return
 	}
 	writeJSON(ctx, fasthttp.StatusOK, map[string]any{"ready": true})
+}
+
+func (s *Server) handleCluster(ctx *fasthttp.RequestCtx) {
+	if s.cluster == nil {
+		writeError(ctx, &apiError{Status: fasthttp.StatusNotFound, Type: "invalid_request_error", Code: "not_clustered",
+			Message: "this node runs standalone (no --gossip-addr)"})
+		return
+	}
+	writeJSON(ctx, fasthttp.StatusOK, s.cluster.View())
 }
 
 type modelObject struct {

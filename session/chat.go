@@ -3,6 +3,11 @@ package session
 import (
 	"errors"
 	"fmt"
+	"io"
+	"os"
+	"strconv"
+
+	"github.com/cespare/xxhash/v2"
 
 	"github.com/infernode/infernode/session/llama"
 )
@@ -28,4 +33,21 @@ func (e *Engine) ChatPrompt(msgs []Message) (string, error) {
 		}
 	}
 	return llama.ApplyChatTemplate(DefaultChatTemplate, msgs, true)
+}
+
+// Fingerprint identifies a model file and the engine settings that shape its KV cache:
+// nodes serve one conversation interchangeably only when their fingerprints match. It
+// hashes the whole file (xxhash: about a second for a few GB).
+func Fingerprint(path, kvType string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", fmt.Errorf("fingerprint: %w", err)
+	}
+	defer f.Close()
+	h := xxhash.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", fmt.Errorf("fingerprint %s: %w", path, err)
+	}
+	h.WriteString("\x00kv=" + kvType)
+	return strconv.FormatUint(h.Sum64(), 16), nil
 }

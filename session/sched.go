@@ -297,7 +297,9 @@ func (e *Engine) finish(j *job, reason string, err error) {
 			}
 		}
 		if err == nil {
-			j.stream.push(j.filter.flush())
+			if rest := j.filter.flush(); rest != "" {
+				j.stream.pushText(rest)
+			}
 		}
 	}
 	res := Result{FinishReason: reason, PromptTokens: len(j.prompt), CachedTokens: j.cached,

@@ -18,6 +18,7 @@ type Stream struct {
 	done    bool
 	res     Result
 	started bool          // admitted: PromptTokens and CachedTokens of res are set
+	tokens  int           // generated so far
 	notify  chan struct{} // capacity 1: "something changed"
 }
 
@@ -78,15 +79,23 @@ func (s *Stream) Collect() (string, Result, error) {
 	}
 }
 
-// push adds text for the reader. Called by the engine only.
-func (s *Stream) push(text string) {
-	if text == "" {
-		return
-	}
+// Tokens is how many tokens have been generated so far.
+func (s *Stream) Tokens() int {
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.tokens
+}
+
+// push adds one generated token's text (possibly empty) for the reader. Called by the
+// engine only.
+func (s *Stream) push(text string) {
+	s.mu.Lock()
+	s.tokens++
 	s.pending.WriteString(text)
 	s.mu.Unlock()
-	s.wake()
+	if text != "" {
+		s.wake()
+	}
 }
 
 // admit records the request's admission. Called by the engine only.
@@ -94,6 +103,14 @@ func (s *Stream) admit(promptTokens, cachedTokens int) {
 	s.mu.Lock()
 	s.started, s.res.PromptTokens, s.res.CachedTokens = true, promptTokens, cachedTokens
 	s.mu.Unlock()
+}
+
+// pushText adds text that belongs to tokens already counted (held back until now).
+func (s *Stream) pushText(text string) {
+	s.mu.Lock()
+	s.pending.WriteString(text)
+	s.mu.Unlock()
+	s.wake()
 }
 
 // finish ends the stream. Called by the engine only, once.

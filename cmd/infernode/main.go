@@ -22,6 +22,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/infernode/infernode/gossip"
 	"github.com/infernode/infernode/node"
 	"github.com/infernode/infernode/session"
 )
@@ -51,6 +52,8 @@ func main() {
 type options struct {
 	node    node.Config
 	engine  session.Config
+	cluster node.ClusterConfig
+	gossip  gossip.Config
 	logJSON bool
 	logLvl  slog.Level
 }
@@ -78,7 +81,8 @@ func run(args []string, stderr io.Writer) int {
 }
 
 func parse(args []string, stderr io.Writer) (options, error) {
-	nc, ec := node.DefaultConfig(), session.DefaultConfig()
+	nc, ec, cc, gc := node.DefaultConfig(), session.DefaultConfig(), node.DefaultClusterConfig(), gossip.DefaultConfig()
+	var gossipAddr, gossipAdvertise, join, gossipKey string
 	fs := flag.NewFlagSet("infernode", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
@@ -109,6 +113,13 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&nc.WriteTimeout, "write-timeout", nc.WriteTimeout, "cut a client that blocks a write this long")
 	fs.DurationVar(&nc.DrainTimeout, "drain-timeout", nc.DrainTimeout, "on SIGTERM, how long running requests may finish")
 	fs.Uint64Var(&ec.Seed, "seed", 0, "seed of the engine's random source (0: from the clock; logged)")
+	fs.StringVar(&gossipAddr, "gossip-addr", "", "gossip bind host:port; empty runs standalone (no cluster)")
+	fs.StringVar(&gossipAdvertise, "gossip-advertise", "", "gossip host:port peers dial (default: the bound address)")
+	fs.StringVar(&join, "join", "", "comma-separated gossip addresses of seed peers")
+	fs.StringVar(&gossipKey, "gossip-key", "", "encrypt gossip with this 16, 24 or 32 byte key (same on every node)")
+	fs.StringVar(&cc.Secret, "cluster-secret", "", "authenticate forwarded requests between nodes (same on every node)")
+	fs.StringVar(&cc.HTTPAddr, "advertise-http", "", "HTTP host:port peers use to reach this node (default: the bound address)")
+	fs.DurationVar(&cc.ProbeInterval, "probe-interval", cc.ProbeInterval, "how often each peer's /readyz is checked")
 	fs.StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
@@ -120,8 +131,30 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	if err := envFallback(fs); err != nil {
 		return options{}, err
 	}
-	opts := options{node: nc, engine: ec, logJSON: logFormat == "json"}
+	opts := options{node: nc, engine: ec, cluster: cc, gossip: gc, logJSON: logFormat == "json"}
 	var errs []error
+	if gossipAddr != "" {
+		host, port, err := splitHostPort(gossipAddr)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("--gossip-addr: %w", err))
+		}
+		opts.gossip.BindAddr, opts.gossip.BindPort = host, port
+		if gossipAdvertise != "" {
+			host, port, err := splitHostPort(gossipAdvertise)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("--gossip-advertise: %w", err))
+			}
+			opts.gossip.AdvertiseAddr, opts.gossip.AdvertisePort = host, port
+		}
+		for _, seed := range strings.Split(join, ",") {
+			if seed = strings.TrimSpace(seed); seed != "" {
+				opts.gossip.Join = append(opts.gossip.Join, seed)
+			}
+		}
+		opts.gossip.Key = []byte(gossipKey)
+	} else if join != "" {
+		errs = append(errs, errors.New("--join needs --gossip-addr"))
+	}
 	if logFormat != "text" && logFormat != "json" {
 		errs = append(errs, fmt.Errorf("--log-format must be text or json, got %q", logFormat))
 	}
@@ -158,6 +191,18 @@ func envFallback(fs *flag.FlagSet) error {
 	return errors.Join(errs...)
 }
 
+func splitHostPort(addr string) (string, int, error) {
+	host, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", 0, err
+	}
+	port, err := strconv.Atoi(p)
+	if err != nil || port < 0 || port > 65535 {
+		return "", 0, fmt.Errorf("bad port in %q", addr)
+	}
+	return host, port, nil
+}
+
 func parseBytes(s string) (int, error) {
 	mult := 1
 	for suffix, m := range map[string]int{"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30} {
@@ -173,6 +218,33 @@ func parseBytes(s string) (int, error) {
 }
 
 // serve runs the node until SIGINT or SIGTERM, then drains and exits.
+func newCluster(opts options, ln net.Listener, local *node.LocalEngine, log *slog.Logger) (*node.Cluster, *gossip.Gossip, error) {
+	fp, err := session.Fingerprint(opts.engine.ModelPath, opts.engine.KVType)
+	if err != nil {
+		return nil, nil, err
+	}
+	cc, gc := opts.cluster, opts.gossip
+	if cc.HTTPAddr == "" {
+		cc.HTTPAddr = ln.Addr().String()
+		if tcp := ln.Addr().(*net.TCPAddr); tcp.IP.IsUnspecified() {
+			return nil, nil, errors.New("--advertise-http is required when listening on all interfaces")
+		}
+	}
+	cc.Self, cc.Fingerprint, cc.Logger = opts.node.ID, fp, log
+	cc.APIKey, cc.DefaultMaxTokens, cc.QueueCap = opts.node.APIKey, opts.engine.DefaultMaxTokens, opts.engine.MaxQueue
+	gc.ID, gc.Logger = opts.node.ID, log
+	g, err := gossip.New(gc, gossip.Meta{ID: cc.Self, HTTPAddr: cc.HTTPAddr, Fingerprint: fp})
+	if err != nil {
+		return nil, nil, err
+	}
+	cluster, err := node.NewCluster(cc, g, local)
+	if err != nil {
+		return nil, nil, err
+	}
+	log.Info("clustered", "fingerprint", fp, "gossip", fmt.Sprintf("%s:%d", gc.BindAddr, gc.BindPort), "join", gc.Join)
+	return cluster, g, nil
+}
+
 func serve(opts options, log *slog.Logger) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -188,10 +260,30 @@ func serve(opts options, log *slog.Logger) error {
 	opts.node.Listener, opts.node.Logger, opts.engine.Logger = ln, log, log
 
 	local := &node.LocalEngine{}
-	srv, err := node.New(opts.node, local)
+	var cluster *node.Cluster
+	var g *gossip.Gossip
+	if opts.gossip.BindAddr != "" {
+		if cluster, g, err = newCluster(opts, ln, local, log); err != nil {
+			ln.Close()
+			return err
+		}
+	}
+	srv, err := node.New(opts.node, local, cluster)
 	if err != nil {
 		ln.Close()
 		return err
+	}
+	// On SIGTERM: leave gossip first (peers stop routing here at once), then drain.
+	gossipCtx, stopGossip := context.WithCancel(context.Background())
+	defer stopGossip()
+	gossipDone := make(chan error, 2)
+	if cluster != nil {
+		go func() { gossipDone <- g.Run(gossipCtx) }()
+		go func() { gossipDone <- cluster.Run(gossipCtx) }()
+		go func() {
+			<-ctx.Done()
+			stopGossip()
+		}()
 	}
 	served := make(chan error, 1)
 	go func() { served <- srv.Run(ctx) }()
@@ -213,13 +305,19 @@ func serve(opts options, log *slog.Logger) error {
 
 	// Shutdown order: the server drains first (the engine keeps serving what is in
 	// flight), then the engine stops.
+	var err2 error
 	select {
 	case err := <-served:
 		stopEngine()
-		return errors.Join(err, <-engineDone)
+		err2 = errors.Join(err, <-engineDone)
 	case err := <-engineDone: // the engine failed on its own
 		stop()
 		stopEngine()
-		return errors.Join(fmt.Errorf("engine stopped: %w", err), <-served)
+		err2 = errors.Join(fmt.Errorf("engine stopped: %w", err), <-served)
 	}
+	if cluster != nil {
+		stopGossip()
+		err2 = errors.Join(err2, <-gossipDone, <-gossipDone)
+	}
+	return err2
 }
