@@ -85,8 +85,10 @@ bench-http: build bench-model
 	until curl -sf 127.0.0.1:$(BENCH_PORT)/readyz >/dev/null; do kill -0 $$pid || exit 1; sleep 0.2; done; \
 	$(BIN)/loadgen --url http://127.0.0.1:$(BENCH_PORT) --concurrency 1,4,8 --rounds 5 --max-tokens 64
 
+# run: a local cluster of NODES nodes (HTTP 127.0.0.1:8081.., gossip 7947..), every node
+# joining through the first; Ctrl-C stops them all.
 run: build model
-	$(BIN)/infernode --model $(MODEL) --addr 127.0.0.1:8081
+	$(BIN)/testbed run --binary $(BIN)/infernode --model $(MODEL) --nodes $(NODES) --log-dir .build/logs
 
 clean:
 	rm -rf $(BIN) .build models

@@ -31,12 +31,17 @@ const usage = `infernode runs one node of an infernode cluster: a full replica o
 behind an OpenAI-compatible HTTP API.
 
 Usage:
-  infernode --model PATH [flags]
+  infernode --model PATH [flags]          run a node
+  infernode status [--addr URL]           print the cluster as one node sees it
 
 Example (the default test model, on port 8080):
   make model && bin/infernode --model models/infernode-tiny.gguf --addr 127.0.0.1:8080
   curl -s localhost:8080/v1/chat/completions -H 'Content-Type: application/json' \
     -d '{"messages":[{"role":"user","content":"hello"}],"max_tokens":16}'
+
+A cluster: give each node --gossip-addr and all but the first --join FIRST_GOSSIP_ADDR:
+  bin/infernode --model M --addr 127.0.0.1:8081 --gossip-addr 127.0.0.1:7947
+  bin/infernode --model M --addr 127.0.0.1:8082 --gossip-addr 127.0.0.1:7948 --join 127.0.0.1:7947
 
 Every flag may also come from the environment: INFERNODE_<NAME>, for example
 INFERNODE_MODEL or INFERNODE_API_KEY. Command-line flags win.
@@ -45,6 +50,9 @@ Flags:
 `
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "status" {
+		os.Exit(status(os.Args[2:], os.Stdout, os.Stderr))
+	}
 	os.Exit(run(os.Args[1:], os.Stderr))
 }
 

@@ -1,0 +1,357 @@
+package testbed
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Config describes a cluster to launch.
+type Config struct {
+	Binary string // path of the infernode binary
+	Model  string // GGUF model every node serves
+	Nodes  int
+	// HTTPPort and GossipPort are the first node's ports; node i adds i. Zero lets every
+	// node pick free ports (they are read back from the node's log).
+	HTTPPort, GossipPort int
+	// Args are extra flags for every node.
+	Args []string
+	// LogDir keeps each node's log (node-ID.log). Empty: a temporary directory.
+	LogDir string
+	// Echo, if set, receives every line every node logs.
+	Echo io.Writer
+}
+
+// Cluster is a running set of infernode processes.
+type Cluster struct {
+	cfg   Config
+	Nodes []*Node
+	http  *http.Client
+}
+
+// Node is one infernode process (and its restarts).
+type Node struct {
+	ID         string
+	HTTPAddr   string // host:port of its API
+	GossipAddr string // host:port of its gossip
+	args       []string
+	cfg        *Config
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error
+}
+
+// Start launches the cluster: the first node, then the others joining it.
+func Start(ctx context.Context, cfg Config) (*Cluster, error) {
+	if cfg.Nodes < 1 || cfg.Binary == "" || cfg.Model == "" {
+		return nil, errors.New("testbed: binary, model and at least one node are required")
+	}
+	if cfg.LogDir == "" {
+		dir, err := os.MkdirTemp("", "infernode-testbed")
+		if err != nil {
+			return nil, err
+		}
+		cfg.LogDir = dir
+	}
+	c := &Cluster{cfg: cfg, http: &http.Client{Timeout: 5 * time.Second}}
+	for i := range cfg.Nodes {
+		if _, err := c.Add(ctx, fmt.Sprintf("node%d", i+1)); err != nil {
+			c.Close()
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+// Add starts one more node that joins the cluster (or starts it, if it is the first).
+func (c *Cluster) Add(ctx context.Context, id string, extra ...string) (*Node, error) {
+	i := len(c.Nodes)
+	port := func(base int) int {
+		if base == 0 {
+			return 0
+		}
+		return base + i
+	}
+	args := []string{"--model", c.cfg.Model, "--id", id, "--log-format", "json",
+		"--addr", fmt.Sprintf("127.0.0.1:%d", port(c.cfg.HTTPPort)),
+		"--gossip-addr", fmt.Sprintf("127.0.0.1:%d", port(c.cfg.GossipPort))}
+	if i > 0 {
+		args = append(args, "--join", c.Nodes[0].GossipAddr)
+	}
+	args = append(append(args, c.cfg.Args...), extra...)
+	n := &Node{ID: id, args: args, cfg: &c.cfg}
+	if err := n.start(ctx); err != nil {
+		return nil, err
+	}
+	c.Nodes = append(c.Nodes, n)
+	return n, nil
+}
+
+// start runs the process and waits until it reports its addresses.
+func (n *Node) start(ctx context.Context) error {
+	logf, err := os.OpenFile(filepath.Join(n.cfg.LogDir, "node-"+n.ID+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(n.cfg.Binary, n.args...)
+	cmd.Env = os.Environ()
+	// Its own process group: a Ctrl-C meant for the testbed does not reach the nodes
+	// directly, so the testbed decides how they stop.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		logf.Close()
+		return err
+	}
+	cmd.Stdout = logf
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return fmt.Errorf("start %s: %w", n.ID, err)
+	}
+	done := make(chan struct{})
+	n.mu.Lock()
+	n.cmd, n.done = cmd, done
+	n.mu.Unlock()
+	addrs := make(chan [2]string, 2)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			line := sc.Bytes()
+			logf.Write(append(line, '\n'))
+			if n.cfg.Echo != nil {
+				fmt.Fprintf(n.cfg.Echo, "%s: %s\n", n.ID, line)
+			}
+			var l struct{ Msg, Addr string }
+			if json.Unmarshal(line, &l) == nil && (l.Msg == "serving" || l.Msg == "gossip started") {
+				addrs <- [2]string{l.Msg, l.Addr}
+			}
+		}
+		err := cmd.Wait()
+		logf.Close()
+		n.mu.Lock()
+		n.err = err
+		n.mu.Unlock()
+		close(done)
+	}()
+	var httpAddr, gossipAddr string
+	deadline := time.After(60 * time.Second)
+	for httpAddr == "" || gossipAddr == "" {
+		select {
+		case a := <-addrs:
+			if a[0] == "serving" {
+				httpAddr = a[1]
+			} else {
+				gossipAddr = a[1]
+			}
+		case <-done:
+			return fmt.Errorf("%s exited during start-up: %v (log in %s)", n.ID, n.Err(), n.cfg.LogDir)
+		case <-deadline:
+			n.Kill()
+			return fmt.Errorf("%s did not report its addresses within 60s", n.ID)
+		case <-ctx.Done():
+			n.Kill()
+			return ctx.Err()
+		}
+	}
+	n.mu.Lock()
+	n.HTTPAddr, n.GossipAddr = httpAddr, gossipAddr
+	n.mu.Unlock()
+	return nil
+}
+
+// URL is the node's API base URL.
+func (n *Node) URL() string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return "http://" + n.HTTPAddr
+}
+
+// Err is the process's exit error, once it has exited.
+func (n *Node) Err() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.err
+}
+
+// Running reports whether the process has not exited.
+func (n *Node) Running() bool {
+	n.mu.Lock()
+	done := n.done
+	n.mu.Unlock()
+	select {
+	case <-done:
+		return false
+	default:
+		return true
+	}
+}
+
+func (n *Node) signal(sig syscall.Signal) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.cmd == nil || n.cmd.Process == nil {
+		return errors.New("not started")
+	}
+	return n.cmd.Process.Signal(sig)
+}
+
+// Kill sends SIGKILL and waits for the process to exit.
+func (n *Node) Kill() {
+	n.signal(syscall.SIGKILL)
+	n.wait(30 * time.Second)
+}
+
+// Stop sends SIGTERM (graceful leave and drain) and waits up to timeout for the exit.
+func (n *Node) Stop(timeout time.Duration) error {
+	if !n.Running() {
+		return nil
+	}
+	if err := n.signal(syscall.SIGTERM); err != nil {
+		return err
+	}
+	if !n.wait(timeout) {
+		n.Kill()
+		return fmt.Errorf("%s did not exit within %v of SIGTERM", n.ID, timeout)
+	}
+	return n.Err()
+}
+
+// Pause stops the process (SIGSTOP): alive, but answering nothing. Resume continues it.
+func (n *Node) Pause() error  { return n.signal(syscall.SIGSTOP) }
+func (n *Node) Resume() error { return n.signal(syscall.SIGCONT) }
+
+func (n *Node) wait(timeout time.Duration) bool {
+	n.mu.Lock()
+	done := n.done
+	n.mu.Unlock()
+	select {
+	case <-done:
+		return true
+	case <-time.After(timeout):
+		return false
+	}
+}
+
+// Restart starts the node again with the same id and flags (after Kill or Stop). A
+// node started on port 0 may come back on new ports.
+func (n *Node) Restart(ctx context.Context) error {
+	if n.Running() {
+		return fmt.Errorf("%s is still running", n.ID)
+	}
+	return n.start(ctx)
+}
+
+// Close kills every node.
+func (c *Cluster) Close() {
+	for _, n := range c.Nodes {
+		if n.Running() {
+			n.Resume()
+			n.Kill()
+		}
+	}
+}
+
+// ClusterView is GET /v1/cluster as a node answers it.
+type ClusterView struct {
+	Self    string `json:"self"`
+	Members []struct {
+		ID         string  `json:"id"`
+		State      string  `json:"state"`
+		Healthy    bool    `json:"healthy"`
+		Ready      bool    `json:"ready"`
+		Compatible bool    `json:"compatible"`
+		OnRing     bool    `json:"on_ring"`
+		RingShare  float64 `json:"ring_share"`
+	} `json:"members"`
+}
+
+// View asks a node for its view of the cluster.
+func (c *Cluster) View(n *Node) (ClusterView, error) {
+	var v ClusterView
+	resp, err := c.http.Get(n.URL() + "/v1/cluster")
+	if err != nil {
+		return v, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		return v, fmt.Errorf("%s: /v1/cluster answered %d", n.ID, resp.StatusCode)
+	}
+	err = json.NewDecoder(resp.Body).Decode(&v)
+	return v, err
+}
+
+// Ring is the sorted ids on a node's ring.
+func (c *Cluster) Ring(n *Node) ([]string, error) {
+	v, err := c.View(n)
+	if err != nil {
+		return nil, err
+	}
+	var ids []string
+	for _, m := range v.Members {
+		if m.OnRing {
+			ids = append(ids, m.ID)
+		}
+	}
+	slices.Sort(ids)
+	return ids, nil
+}
+
+// WaitRings polls every running node (except those in skip) until its ring is exactly
+// want, and returns how long that took.
+func (c *Cluster) WaitRings(ctx context.Context, want []string, timeout time.Duration, skip ...*Node) (time.Duration, error) {
+	want = slices.Clone(want)
+	slices.Sort(want)
+	start := time.Now()
+	deadline := start.Add(timeout)
+	for {
+		all := true
+		var last string
+		for _, n := range c.Nodes {
+			if slices.Contains(skip, n) || !n.Running() {
+				continue
+			}
+			got, err := c.Ring(n)
+			if err != nil || !slices.Equal(got, want) {
+				all, last = false, fmt.Sprintf("%s sees %v (err %v)", n.ID, got, err)
+				break
+			}
+		}
+		if all {
+			return time.Since(start), nil
+		}
+		if time.Now().After(deadline) {
+			return time.Since(start), fmt.Errorf("rings did not converge on %v within %v: %s", want, timeout, last)
+		}
+		select {
+		case <-ctx.Done():
+			return time.Since(start), ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// IDs are the ids of the given nodes (all nodes when none are given).
+func (c *Cluster) IDs(nodes ...*Node) []string {
+	if len(nodes) == 0 {
+		nodes = c.Nodes
+	}
+	var ids []string
+	for _, n := range nodes {
+		ids = append(ids, n.ID)
+	}
+	return ids
+}
