@@ -105,6 +105,9 @@ func steadyRate(events [][]time.Time) (count, seconds float64) {
 			to = ev[len(ev)-1]
 		}
 	}
+	if !to.After(from) {
+		return 0, 0 // no moment when all were decoding
+	}
 	for _, ev := range events {
 		for _, t := range ev {
 			if t.After(from) && !t.After(to) {

@@ -267,16 +267,19 @@ func (c *Cluster) Close() {
 
 // ClusterView is GET /v1/cluster as a node answers it.
 type ClusterView struct {
-	Self    string `json:"self"`
-	Members []struct {
-		ID         string  `json:"id"`
-		State      string  `json:"state"`
-		Healthy    bool    `json:"healthy"`
-		Ready      bool    `json:"ready"`
-		Compatible bool    `json:"compatible"`
-		OnRing     bool    `json:"on_ring"`
-		RingShare  float64 `json:"ring_share"`
-	} `json:"members"`
+	Self    string       `json:"self"`
+	Members []MemberView `json:"members"`
+}
+
+// MemberView is one member of a ClusterView.
+type MemberView struct {
+	ID         string  `json:"id"`
+	State      string  `json:"state"`
+	Healthy    bool    `json:"healthy"`
+	Ready      bool    `json:"ready"`
+	Compatible bool    `json:"compatible"`
+	OnRing     bool    `json:"on_ring"`
+	RingShare  float64 `json:"ring_share"`
 }
 
 // View asks a node for its view of the cluster.

@@ -10,6 +10,8 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"runtime"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -41,8 +43,12 @@ func run(args []string) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	// Nodes on one machine share its cores: llama.cpp threads that outnumber the cores
+	// spin at their barriers while others hold the CPU, and every step stalls.
+	threads := max(1, runtime.NumCPU() / *nodes)
 	c, err := testbed.Start(ctx, testbed.Config{Binary: *binary, Model: *model, Nodes: *nodes,
-		HTTPPort: *httpPort, GossipPort: *gossipPort, LogDir: *logDir, Args: []string{"--log-level", "info"}})
+		HTTPPort: *httpPort, GossipPort: *gossipPort, LogDir: *logDir,
+		Args: []string{"--log-level", "info", "--threads", strconv.Itoa(threads)}})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "testbed: %v\n", err)
 		return 1

@@ -1,0 +1,333 @@
+package testbed
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+var binary string
+
+// TestMain builds infernode once; every test runs it as real processes on loopback.
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "infernode-testbed-bin")
+	if err != nil {
+		panic(err)
+	}
+	binary = filepath.Join(dir, "infernode")
+	if out, err := exec.Command("go", "build", "-o", binary, "../cmd/infernode").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build infernode: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func startCluster(t *testing.T, n int, args ...string) *Cluster {
+	t.Helper()
+	model := os.Getenv("INFERNODE_TEST_MODEL")
+	if model == "" {
+		t.Skip("INFERNODE_TEST_MODEL not set; run through make test")
+	}
+	c, err := Start(t.Context(), Config{Binary: binary, Model: model, Nodes: n, LogDir: t.TempDir(),
+		// One llama.cpp thread a node: several nodes share this machine's cores.
+		Args: append([]string{"--ctx", "8192", "--log-level", "info", "--threads", "1"}, args...)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c.Close()
+		if t.Failed() {
+			for _, n := range c.Nodes {
+				b, _ := os.ReadFile(filepath.Join(c.cfg.LogDir, "node-"+n.ID+".log"))
+				t.Logf("log of %s:\n%s", n.ID, tailLines(string(b), 40))
+			}
+		}
+	})
+	if took, err := c.WaitRings(t.Context(), c.IDs(), 30*time.Second); err != nil {
+		t.Fatal(err)
+	} else {
+		t.Logf("%d nodes converged in %v", n, took)
+	}
+	return c
+}
+
+func tailLines(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+type message struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+type answer struct {
+	status int
+	node   string
+	cached int
+	text   string
+}
+
+var client = &http.Client{Timeout: 60 * time.Second}
+
+func chat(t *testing.T, url string, msgs []message, maxTokens int) answer {
+	t.Helper()
+	body, _ := json.Marshal(map[string]any{"messages": msgs, "max_tokens": maxTokens, "temperature": 0})
+	resp, err := client.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(string(body)))
+	if err != nil {
+		t.Errorf("chat: %v", err)
+		return answer{}
+	}
+	defer resp.Body.Close()
+	var out struct {
+		Choices []struct{ Message message }
+	}
+	b, _ := io.ReadAll(resp.Body)
+	json.Unmarshal(b, &out)
+	a := answer{status: resp.StatusCode, node: resp.Header.Get("X-Infernode-Node")}
+	a.cached, _ = strconv.Atoi(resp.Header.Get("X-Infernode-Cached-Tokens"))
+	if len(out.Choices) > 0 {
+		a.text = out.Choices[0].Message.Content
+	}
+	return a
+}
+
+// TestConversationAffinity: every turn of a conversation is served by one node whatever
+// node it enters on, and later turns reuse its KV cache.
+func TestConversationAffinity(t *testing.T) {
+	c := startCluster(t, 3)
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	var mu sync.Mutex
+	servedBy := map[string]int{}
+	var wg sync.WaitGroup
+	work := make(chan int)
+	for w := range 6 {
+		rng := rand.New(rand.NewPCG(seed, uint64(w)))
+		wg.Go(func() {
+			for conv := range work {
+				msgs := []message{{"system", fmt.Sprintf("you are river number %d", conv)}, {"user", "where do you flow"}}
+				var node string
+				for turn := range 3 {
+					entry := c.Nodes[rng.IntN(len(c.Nodes))]
+					a := chat(t, entry.URL(), msgs, 8)
+					switch {
+					case a.status != 200:
+						t.Errorf("conversation %d turn %d via %s: status %d", conv, turn, entry.ID, a.status)
+					case turn == 0:
+						node = a.node
+					case a.node != node:
+						t.Errorf("conversation %d turn %d via %s served by %s, turn 1 by %s", conv, turn, entry.ID, a.node, node)
+					case a.cached == 0:
+						t.Errorf("conversation %d turn %d reused no cached tokens", conv, turn)
+					}
+					msgs = append(msgs, message{"assistant", a.text}, message{"user", fmt.Sprintf("and after %d", turn)})
+				}
+				mu.Lock()
+				servedBy[node]++
+				mu.Unlock()
+			}
+		})
+	}
+	for conv := range 50 {
+		work <- conv
+	}
+	close(work)
+	wg.Wait()
+	t.Logf("conversations per node: %v", servedBy)
+	if len(servedBy) != 3 {
+		t.Errorf("50 conversations landed on %d nodes, want all 3: %v", len(servedBy), servedBy)
+	}
+}
+
+// streamChat streams a greedy completion and returns its text; kill, if set, runs once
+// after the first `after` events.
+func streamChat(url string, msgs []message, maxTokens int, after int, kill func()) (string, string, error) {
+	body, _ := json.Marshal(map[string]any{"messages": msgs, "max_tokens": maxTokens, "temperature": 0, "stream": true})
+	resp, err := client.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(string(body)))
+	if err != nil {
+		return "", "", err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		return "", "", fmt.Errorf("status %d", resp.StatusCode)
+	}
+	var text strings.Builder
+	sc := bufio.NewScanner(resp.Body)
+	events, done := 0, false
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok {
+			continue
+		}
+		if data == "[DONE]" {
+			done = true
+			break
+		}
+		var ev struct {
+			Choices []struct{ Delta message }
+			Error   *struct{ Message string }
+		}
+		if err := json.Unmarshal([]byte(data), &ev); err != nil {
+			return text.String(), "", err
+		}
+		if ev.Error != nil {
+			return text.String(), "", fmt.Errorf("error event: %s", ev.Error.Message)
+		}
+		if len(ev.Choices) > 0 {
+			text.WriteString(ev.Choices[0].Delta.Content)
+		}
+		if events++; events == after && kill != nil {
+			kill()
+		}
+	}
+	if !done {
+		return text.String(), "", fmt.Errorf("stream ended without [DONE]: %v", sc.Err())
+	}
+	return text.String(), resp.Header.Get("X-Infernode-Node"), nil
+}
+
+// TestKillOwner kills a conversation's owner while it streams: the stream that entered
+// elsewhere resumes on the next owner and reads as one answer; the one that entered on the
+// dead node fails explicitly; every survivor's ring drops the node in bounded time and
+// takes it back after a restart, with its conversations.
+func TestKillOwner(t *testing.T) {
+	c := startCluster(t, 3)
+	// Find a conversation owned by node2.
+	victim := c.Nodes[1]
+	var msgs []message
+	for i := range 100 {
+		m := []message{{"system", fmt.Sprintf("story %d", i)}, {"user", "tell me everything"}}
+		if chat(t, c.Nodes[0].URL(), m, 1).node == victim.ID {
+			msgs = m
+			break
+		}
+	}
+	if msgs == nil {
+		t.Fatal("no conversation of 100 is owned by node2")
+	}
+	const long = 2500
+	reference, served, err := streamChat(c.Nodes[0].URL(), msgs, long, 0, nil)
+	if err != nil || served != victim.ID {
+		t.Fatalf("reference stream: served by %s, %v", served, err)
+	}
+
+	// Two streams of the same conversation: one entering on node1 (resumable), one
+	// entering on the victim itself (it dies with it).
+	var wg sync.WaitGroup
+	var onVictimErr error
+	wg.Go(func() { _, _, onVictimErr = streamChat(victim.URL(), msgs, long, 0, nil) })
+	survivors := c.IDs(c.Nodes[0], c.Nodes[2])
+	detected := make(chan error, 1)
+	var detection time.Duration
+	resumed, _, err := streamChat(c.Nodes[0].URL(), msgs, long, 100, func() {
+		victim.Kill()
+		go func() {
+			var err error
+			detection, err = c.WaitRings(t.Context(), survivors, 10*time.Second, victim)
+			detected <- err
+		}()
+	})
+	wg.Wait()
+	if err != nil {
+		t.Fatalf("stream entering on a survivor broke when its owner died: %v", err)
+	}
+	if resumed != reference {
+		i := 0
+		for i < min(len(resumed), len(reference)) && resumed[i] == reference[i] {
+			i++
+		}
+		t.Errorf("resumed answer differs from the uninterrupted one at byte %d of %d:\nresumed   ...%q\nreference ...%q",
+			i, len(reference), resumed[max(0, i-40):min(len(resumed), i+40)], reference[max(0, i-40):min(len(reference), i+40)])
+	}
+	if onVictimErr == nil {
+		t.Error("a stream entering on the killed node ended cleanly")
+	}
+	if !strings.Contains(metrics(t, c.Nodes[0]), "infernode_resumes_total 1") {
+		t.Error("node1 does not count the resume")
+	}
+
+	if err := <-detected; err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("every survivor's ring dropped %s %v after kill -9", victim.ID, detection.Round(time.Millisecond))
+	for _, n := range []*Node{c.Nodes[0], c.Nodes[2]} {
+		if a := chat(t, n.URL(), msgs, 4); a.status != 200 || a.node == victim.ID {
+			t.Errorf("after the drop, via %s: status %d served by %q", n.ID, a.status, a.node)
+		}
+	}
+
+	restartAt := time.Now()
+	if err := victim.Restart(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.WaitRings(t.Context(), c.IDs(), 20*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%s back on every ring %v after restart", victim.ID, time.Since(restartAt).Round(time.Millisecond))
+	if a := chat(t, c.Nodes[2].URL(), msgs, 4); a.node != victim.ID {
+		t.Errorf("after restart the conversation is served by %s, want its owner %s again", a.node, victim.ID)
+	}
+}
+
+func metrics(t *testing.T, n *Node) string {
+	resp, err := client.Get(n.URL() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+// TestIncompatibleNode: a node whose fingerprint differs (here: another KV cache type)
+// joins gossip but is on no ring, and every node shows it as incompatible.
+func TestIncompatibleNode(t *testing.T) {
+	c := startCluster(t, 2)
+	odd, err := c.Add(t.Context(), "odd", "--kv-type", "q8_0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for _, n := range c.Nodes[:2] {
+		for {
+			v, err := c.View(n)
+			if err == nil && slices.ContainsFunc(v.Members, func(m MemberView) bool {
+				return m.ID == "odd" && m.State == "alive" && m.Ready && !m.Compatible
+			}) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s never saw odd as alive, ready and incompatible: %+v", n.ID, v)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	if _, err := c.WaitRings(t.Context(), c.IDs(c.Nodes[0], c.Nodes[1]), 5*time.Second, odd); err != nil {
+		t.Fatal(err)
+	}
+	if ring, _ := c.Ring(odd); !slices.Equal(ring, []string{"odd"}) {
+		t.Errorf("odd's ring = %v, want only itself", ring)
+	}
+	// Requests entering anywhere never reach odd from the others.
+	for i := range 20 {
+		a := chat(t, c.Nodes[i%2].URL(), []message{{"user", fmt.Sprint("question ", i)}}, 2)
+		if a.node == "odd" {
+			t.Errorf("request %d was served by the incompatible node", i)
+		}
+	}
+}
