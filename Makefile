@@ -21,7 +21,7 @@ export CGO_CXXFLAGS := -O3 -march=native
 APT_PACKAGES := nlohmann-json3-dev libstb-dev
 MALGO        := github.com/gen2brain/malgo@v0.11.24
 
-.PHONY: all deps build model bench-model test race lint tidy-check bench bench-http run clean
+.PHONY: all deps build model bench-model test race lint tidy-check bench bench-http bench-cluster run clean
 
 all: build
 
@@ -75,6 +75,12 @@ BENCHTIME ?= 1x
 COUNT     ?= 1
 bench: deps bench-model
 	INFERNODE_BENCH_MODEL=$(CURDIR)/$(BENCH_MODEL) $(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -count $(COUNT) -timeout 60m ./session/
+
+# bench-cluster: forwarding overhead and routing capacity (fake engines in process, then
+# real infernode processes on the default model).
+bench-cluster: deps model
+	$(GO) test -run '^$$' -bench 'Hop|Routing' -benchtime 2000x ./node/
+	INFERNODE_TEST_MODEL=$(CURDIR)/$(MODEL) $(GO) test -run '^$$' -bench HopRealEngine -benchtime 400x ./testbed/
 
 # bench-http: one node on the realistic-shape model, measured through HTTP by loadgen
 # (which takes any OpenAI-compatible URL: bin/loadgen --url ...).

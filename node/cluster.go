@@ -75,7 +75,7 @@ type Cluster struct {
 	cfg    ClusterConfig
 	log    *slog.Logger
 	gossip *gossip.Gossip
-	local  *LocalEngine
+	local  Engine
 	client *http.Client
 
 	mu      sync.Mutex
@@ -88,7 +88,7 @@ type Cluster struct {
 }
 
 // NewCluster builds the cluster view. It starts nothing: Run does.
-func NewCluster(cfg ClusterConfig, g *gossip.Gossip, local *LocalEngine) (*Cluster, error) {
+func NewCluster(cfg ClusterConfig, g *gossip.Gossip, local Engine) (*Cluster, error) {
 	if cfg.Self == "" || cfg.Fingerprint == "" || cfg.HTTPAddr == "" {
 		return nil, errors.New("cluster: self id, HTTP address and fingerprint are required")
 	}

@@ -35,12 +35,12 @@ var errPeerLost = errors.New("owner stopped answering")
 // router is the Engine of a clustered node: it serves each request on its
 // conversation's owner, this node included.
 type router struct {
-	c *Cluster
-	*LocalEngine
+	c      *Cluster
+	Engine // the local engine, for everything but Submit
 }
 
 // Engine returns the routing engine.
-func (c *Cluster) Engine() Engine { return router{c: c, LocalEngine: c.local} }
+func (c *Cluster) Engine() Engine { return router{c: c, Engine: c.local} }
 
 // Submit sends req to its owner: locally when that is this node, else forwarded. An owner
 // that refuses or cannot be reached before answering (connection refused, timeout, 503)

@@ -36,7 +36,7 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func startCluster(t *testing.T, n int, args ...string) *Cluster {
+func startCluster(t testing.TB, n int, args ...string) *Cluster {
 	t.Helper()
 	model := os.Getenv("INFERNODE_TEST_MODEL")
 	if model == "" {
@@ -84,7 +84,7 @@ type answer struct {
 
 var client = &http.Client{Timeout: 60 * time.Second}
 
-func chat(t *testing.T, url string, msgs []message, maxTokens int) answer {
+func chat(t testing.TB, url string, msgs []message, maxTokens int) answer {
 	t.Helper()
 	body, _ := json.Marshal(map[string]any{"messages": msgs, "max_tokens": maxTokens, "temperature": 0})
 	resp, err := client.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(string(body)))
