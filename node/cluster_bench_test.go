@@ -55,7 +55,7 @@ type benchNode struct {
 
 // startFakeCluster runs n in-process nodes (real gossip, real HTTP on loopback) with fake
 // engines until the benchmark ends.
-func startFakeCluster(b *testing.B, n int) []benchNode {
+func startFakeCluster(b testing.TB, n int, secret string) []benchNode {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	ctx, cancel := context.WithCancel(context.Background())
 	b.Cleanup(cancel)
@@ -77,7 +77,7 @@ func startFakeCluster(b *testing.B, n int) []benchNode {
 			b.Fatal(err)
 		}
 		cc := DefaultClusterConfig()
-		cc.Self, cc.HTTPAddr, cc.Fingerprint, cc.Logger = id, ln.Addr().String(), "fake", log
+		cc.Self, cc.HTTPAddr, cc.Fingerprint, cc.Logger, cc.Secret = id, ln.Addr().String(), "fake", log, secret
 		cl, err := NewCluster(cc, g, fakeEngine{n: 1})
 		if err != nil {
 			b.Fatal(err)
@@ -134,7 +134,7 @@ func ownedBy(c *Cluster, id string, n int) []string {
 
 const benchBody = `{"prompt":"hello","max_tokens":1}`
 
-func timedPost(b *testing.B, client *http.Client, url, key string) time.Duration {
+func timedPost(b testing.TB, client *http.Client, url, key string) time.Duration {
 	req, _ := http.NewRequest("POST", url+"/v1/completions", strings.NewReader(benchBody))
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("X-Session-ID", key)
@@ -160,7 +160,7 @@ func percentile(d []time.Duration, p float64) float64 {
 // BenchmarkHop compares requests sent straight to their owner with the same requests
 // entering on another node (one forwarding hop), with fake engines.
 func BenchmarkHop(b *testing.B) {
-	nodes := startFakeCluster(b, 2)
+	nodes := startFakeCluster(b, 2, "")
 	keys := ownedBy(nodes[0].cluster, "n2", 64)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 8}}
 	for _, tc := range []struct {
@@ -183,7 +183,7 @@ func BenchmarkHop(b *testing.B) {
 // BenchmarkRoutingCapacity measures forwarded requests a second through one entry node,
 // with fake engines on the owners.
 func BenchmarkRoutingCapacity(b *testing.B) {
-	nodes := startFakeCluster(b, 3)
+	nodes := startFakeCluster(b, 3, "")
 	keys := append(ownedBy(nodes[0].cluster, "n2", 32), ownedBy(nodes[0].cluster, "n3", 32)...)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
 	b.SetParallelism(8)
@@ -196,4 +196,23 @@ func BenchmarkRoutingCapacity(b *testing.B) {
 		}
 	})
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "req/s")
+}
+
+// startUnloaded runs a standalone server whose engine has not loaded yet.
+func startUnloaded(t testing.TB) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc := DefaultConfig()
+	nc.ID, nc.ModelName, nc.Listener = "loading", "m", ln
+	nc.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	srv, err := New(nc, &LocalEngine{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go srv.Run(ctx)
+	return "http://" + ln.Addr().String()
 }

@@ -331,3 +331,43 @@ func TestIncompatibleNode(t *testing.T) {
 		}
 	}
 }
+
+// TestCancelAcrossHop: a client that disconnects from the entry node cancels the
+// generation on the owner, across the hop.
+func TestCancelAcrossHop(t *testing.T) {
+	c := startCluster(t, 2)
+	entry, owner := c.Nodes[0], c.Nodes[1]
+	var msgs []message
+	for i := 0; msgs == nil; i++ {
+		m := []message{{"user", fmt.Sprint("a long story ", i)}}
+		if chat(t, entry.URL(), m, 1).node == owner.ID {
+			msgs = m
+		}
+	}
+	body, _ := json.Marshal(map[string]any{"messages": msgs, "max_tokens": 4000, "stream": true})
+	resp, err := client.Post(entry.URL()+"/v1/chat/completions", "application/json", strings.NewReader(string(body)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(resp.Body)
+	for range 20 {
+		if _, err := br.ReadString('\n'); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !strings.Contains(metrics(t, owner), "infernode_running_sequences 1") {
+		t.Fatal("the owner is not running the stream")
+	}
+	resp.Body.Close()
+	closed := time.Now()
+	for !strings.Contains(metrics(t, owner), "infernode_running_sequences 0") {
+		if time.Since(closed) > 2*time.Second {
+			t.Fatal("the owner kept generating for 2s after the client left the entry node")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("owner freed the sequence %v after the client disconnected from the entry node", time.Since(closed).Round(time.Millisecond))
+	if m := metrics(t, owner); !strings.Contains(m, `infernode_cancellations_total{cause="client_disconnect"} 1`) {
+		t.Error("the owner does not count the disconnect")
+	}
+}
