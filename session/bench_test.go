@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -24,6 +25,9 @@ func benchEngine(b *testing.B, edit func(*Config)) *Engine {
 	cfg.ModelPath = path
 	cfg.Seed = 1
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	if th, err := strconv.Atoi(os.Getenv("INFERNODE_BENCH_THREADS")); err == nil {
+		cfg.Threads = th
+	}
 	if edit != nil {
 		edit(&cfg)
 	}

@@ -58,12 +58,13 @@ func main() {
 
 // options are the parsed flags.
 type options struct {
-	node    node.Config
-	engine  session.Config
-	cluster node.ClusterConfig
-	gossip  gossip.Config
-	logJSON bool
-	logLvl  slog.Level
+	node        node.Config
+	engine      session.Config
+	cluster     node.ClusterConfig
+	gossip      gossip.Config
+	joinCluster bool // --gossip-addr given: run as a cluster member
+	logJSON     bool
+	logLvl      slog.Level
 }
 
 func run(args []string, stderr io.Writer) int {
@@ -142,6 +143,7 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	opts := options{node: nc, engine: ec, cluster: cc, gossip: gc, logJSON: logFormat == "json"}
 	var errs []error
 	if gossipAddr != "" {
+		opts.joinCluster = true
 		host, port, err := splitHostPort(gossipAddr)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("--gossip-addr: %w", err))
@@ -270,7 +272,7 @@ func serve(opts options, log *slog.Logger) error {
 	local := &node.LocalEngine{}
 	var cluster *node.Cluster
 	var g *gossip.Gossip
-	if opts.gossip.BindAddr != "" {
+	if opts.joinCluster {
 		if cluster, g, err = newCluster(opts, ln, local, log); err != nil {
 			ln.Close()
 			return err

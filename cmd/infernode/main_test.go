@@ -148,7 +148,7 @@ func openStream(t *testing.T, p *process, maxTokens int) *bufio.Reader {
 
 func TestSIGTERMDrainsStreams(t *testing.T) {
 	p := start(t, "--drain-timeout", "30s")
-	stream := openStream(t, p, 1500)
+	stream := openStream(t, p, 400)
 	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
