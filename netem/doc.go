@@ -1,0 +1,16 @@
+// Package netem builds network topologies for testing clusters of processes and breaks
+// them on purpose: one network namespace per node, joined by veth pairs to a bridge, with
+// partitions, packet loss and bandwidth caps set and healed at run time.
+//
+// Addresses come from 10.77.0.0/24, which exists only on the bridge and inside the
+// namespaces netem creates: the bridge (where the test driver lives) is 10.77.0.1, node i
+// is 10.77.0.(10+i). Every object netem creates is named with a prefix ("inf" by default)
+// so Cleanup can remove leftovers of a killed run.
+//
+// Backends: partitions and loss use nftables in the node's namespace (loss with numgen
+// random), bandwidth uses the tbf qdisc. Delay and jitter need sch_netem, which this CI
+// kernel lacks: Delay reports ErrUnsupported there rather than pretending.
+//
+// Everything needs root (CAP_NET_ADMIN) and the ip, tc and nft commands; Available says
+// whether this machine has them.
+package netem
