@@ -18,7 +18,7 @@ export CGO_CPPFLAGS := -I$(INCLUDE)
 export CGO_CFLAGS   := -O3 -march=native
 export CGO_CXXFLAGS := -O3 -march=native
 
-APT_PACKAGES := nlohmann-json3-dev libstb-dev
+APT_PACKAGES := nlohmann-json3-dev libstb-dev nftables iproute2
 MALGO        := github.com/gen2brain/malgo@v0.11.24
 
 .PHONY: all deps build model bench-model test race lint tidy-check bench bench-http bench-cluster run clean

@@ -174,6 +174,9 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, c *completion, engine Engine
 			return
 		}
 		s.setGenerationHeaders(ctx, st)
+		if r, ok := st.(interface{ Resumes() int }); ok && r.Resumes() > 0 {
+			ctx.Response.Header.Set("X-Infernode-Resumed", strconv.Itoa(r.Resumes()))
+		}
 		writeJSON(ctx, fasthttp.StatusOK, c.response(text, res))
 		return
 	}
@@ -254,7 +257,16 @@ func (s *Server) stream(sse *sseWriter, st Stream, c *completion, first string, 
 	}
 	piece, err := first, firstErr
 	last := time.Now()
+	resumes := 0
 	for {
+		// A resume is marked with an SSE comment, which OpenAI clients ignore, so test
+		// harnesses can tell a resumed answer from an uninterrupted one.
+		if r, ok := st.(interface{ Resumes() int }); ok && r.Resumes() > resumes {
+			resumes = r.Resumes()
+			if err := sse.comment("infernode-resumed " + strconv.Itoa(resumes)); err != nil {
+				return err
+			}
+		}
 		if piece != "" {
 			if err := sse.event(c.chunk(piece, false, nil)); err != nil {
 				return err
@@ -355,17 +367,21 @@ func (w *sseWriter) event(v any) error {
 	return w.data(b)
 }
 
+func (w *sseWriter) comment(text string) error {
+	return w.raw(": " + text + "\n\n")
+}
+
 func (w *sseWriter) data(b []byte) error {
+	if w.sse {
+		return w.raw("data: " + string(b) + "\n\n")
+	}
+	return w.raw(string(b) + "\n")
+}
+
+func (w *sseWriter) raw(s string) error {
 	deadline := time.Now().Add(w.timeout)
 	w.conn.SetWriteDeadline(deadline)
-	if w.sse {
-		w.w.WriteString("data: ")
-	}
-	w.w.Write(b)
-	if w.sse {
-		w.w.WriteString("\n")
-	}
-	w.w.WriteString("\n")
+	w.w.WriteString(s)
 	if err := w.w.Flush(); err != nil {
 		if !time.Now().Before(deadline) {
 			return errWriteTimeout

@@ -311,7 +311,10 @@ func (r *routedStream) Result() session.Result {
 }
 
 func (r *routedStream) Admitted() (int, int, bool) { return r.cur.Admitted() }
-func (r *routedStream) Tokens() int                { return r.base + r.cur.Tokens() }
+
+// Resumes is how many times the answer moved to another owner mid-stream.
+func (r *routedStream) Resumes() int { return r.resume }
+func (r *routedStream) Tokens() int  { return r.base + r.cur.Tokens() }
 
 // Node is the id of the node that served the answer (the first owner that answered).
 func (r *routedStream) Node() string {

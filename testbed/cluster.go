@@ -15,6 +15,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/infernode/infernode/netem"
 )
 
 // Config describes a cluster to launch.
@@ -27,6 +29,9 @@ type Config struct {
 	HTTPPort, GossipPort int
 	// Args are extra flags for every node.
 	Args []string
+	// Topology, if set, runs node i in host i's network namespace (on the host's
+	// address, ports 8080 and 7946) instead of on loopback.
+	Topology *netem.Topology
 	// LogDir keeps each node's log (node-ID.log). Empty: a temporary directory.
 	LogDir string
 	// Echo, if set, receives every line every node logs.
@@ -43,8 +48,9 @@ type Cluster struct {
 // Node is one infernode process (and its restarts).
 type Node struct {
 	ID         string
-	HTTPAddr   string // host:port of its API
-	GossipAddr string // host:port of its gossip
+	Host       *netem.Host // its namespace, or nil on loopback
+	HTTPAddr   string      // host:port of its API
+	GossipAddr string      // host:port of its gossip
 	args       []string
 	cfg        *Config
 
@@ -88,11 +94,20 @@ func (c *Cluster) Add(ctx context.Context, id string, extra ...string) (*Node, e
 	args := []string{"--model", c.cfg.Model, "--id", id, "--log-format", "json",
 		"--addr", fmt.Sprintf("127.0.0.1:%d", port(c.cfg.HTTPPort)),
 		"--gossip-addr", fmt.Sprintf("127.0.0.1:%d", port(c.cfg.GossipPort))}
+	var host *netem.Host
+	if t := c.cfg.Topology; t != nil {
+		if i >= len(t.Nodes) {
+			return nil, fmt.Errorf("testbed: the topology has %d hosts, node %d needs one more", len(t.Nodes), i+1)
+		}
+		host = t.Nodes[i]
+		args = []string{"--model", c.cfg.Model, "--id", id, "--log-format", "json",
+			"--addr", host.IP + ":8080", "--gossip-addr", host.IP + ":7946"}
+	}
 	if i > 0 {
 		args = append(args, "--join", c.Nodes[0].GossipAddr)
 	}
 	args = append(append(args, c.cfg.Args...), extra...)
-	n := &Node{ID: id, args: args, cfg: &c.cfg}
+	n := &Node{ID: id, args: args, cfg: &c.cfg, Host: host}
 	if err := n.start(ctx); err != nil {
 		return nil, err
 	}
@@ -106,7 +121,11 @@ func (n *Node) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command(n.cfg.Binary, n.args...)
+	argv := append([]string{n.cfg.Binary}, n.args...)
+	if n.Host != nil {
+		argv = n.Host.Command(n.cfg.Binary, n.args...) // ip netns exec execs: the pid is the node's
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = os.Environ()
 	// Its own process group: a Ctrl-C meant for the testbed does not reach the nodes
 	// directly, so the testbed decides how they stop.

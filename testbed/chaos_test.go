@@ -1,0 +1,56 @@
+package testbed
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/infernode/infernode/netem"
+)
+
+// TestChaosShort runs the short scenario suite with real processes; every invariant must
+// hold. Namespace scenarios are skipped, with the reason, where namespaces are unavailable.
+func TestChaosShort(t *testing.T) {
+	model := os.Getenv("INFERNODE_TEST_MODEL")
+	if model == "" {
+		t.Skip("INFERNODE_TEST_MODEL not set; run through make test")
+	}
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d (replay: the same seed gives the same entry nodes and request kinds)", seed)
+	nsErr := netem.Available()
+	for _, s := range ShortSuite(seed) {
+		t.Run(s.Name, func(t *testing.T) {
+			if s.Netns && nsErr != nil {
+				t.Skipf("needs network namespaces: %v", nsErr)
+			}
+			cfg := Config{Binary: binary, Model: model, LogDir: t.TempDir(),
+				Args: []string{"--ctx", "8192", "--threads", "1", "--log-level", "info"}}
+			rep, err := RunScenario(t.Context(), cfg, s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var sb strings.Builder
+			rep.Summary(&sb)
+			t.Log("\n" + sb.String())
+			if b, err := json.MarshalIndent(rep, "", "  "); err == nil {
+				os.WriteFile(filepath.Join(cfg.LogDir, "report.json"), b, 0o644)
+			}
+			if rep.Sent == 0 || rep.Completed == 0 {
+				t.Errorf("the workload sent %d and completed %d requests", rep.Sent, rep.Completed)
+			}
+			for _, ch := range rep.Checks {
+				if !ch.Pass {
+					t.Errorf("invariant %q failed: %s", ch.Name, ch.Detail)
+				}
+			}
+			for _, a := range rep.Faults {
+				if a.Err != "" {
+					t.Errorf("fault %s: %s", a.Fault, a.Err)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,222 @@
+package testbed
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+type message struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+// Workload is a bounded load of multi-turn conversations.
+type Workload struct {
+	Conversations int           // conversations to run, at most
+	Turns         int           // turns each
+	Concurrency   int           // conversations in flight
+	Duration      time.Duration // no conversation starts after this
+	MaxTokens     int           // tokens a turn
+	StreamShare   float64       // fraction of turns streamed
+	Timeout       time.Duration // a request still open after this is counted as hung
+	Seed          uint64        // seeds entry-node choice and streaming; logged in the report
+}
+
+// Record is one request as the client saw it.
+type Record struct {
+	Conv     int           `json:"conv"`
+	Turn     int           `json:"turn"`
+	Entry    string        `json:"entry"`
+	Served   string        `json:"served,omitempty"`
+	Stream   bool          `json:"stream"`
+	Status   int           `json:"status"`
+	Kind     string        `json:"kind"` // ok, http_error, sse_error, conn_error, cut, hung
+	Error    string        `json:"error,omitempty"`
+	Start    time.Time     `json:"start"`
+	End      time.Time     `json:"end"`
+	TTFT     time.Duration `json:"ttft_ns"`
+	Tokens   int           `json:"tokens"`
+	Resumed  bool          `json:"resumed"`
+	Text     string        `json:"-"`
+	Messages []message     `json:"-"`
+}
+
+// RunWorkload drives w against the cluster. Each request enters on a random node among
+// those entries returns at that moment.
+func (c *Cluster) RunWorkload(ctx context.Context, w Workload, entries func() []*Node) []Record {
+	var mu sync.Mutex
+	var out []Record
+	start := time.Now()
+	next := 0
+	var wg sync.WaitGroup
+	client := &http.Client{Timeout: w.Timeout}
+	for worker := range w.Concurrency {
+		rng := rand.New(rand.NewPCG(w.Seed, uint64(worker)))
+		wg.Go(func() {
+			for {
+				mu.Lock()
+				conv := next
+				next++
+				mu.Unlock()
+				if conv >= w.Conversations || time.Since(start) > w.Duration || ctx.Err() != nil {
+					return
+				}
+				msgs := []message{{"system", fmt.Sprintf("you are story %d", conv)}, {"user", "begin"}}
+				for turn := range w.Turns {
+					nodes := entries()
+					if len(nodes) == 0 {
+						return
+					}
+					entry := nodes[rng.IntN(len(nodes))]
+					r := request(ctx, client, entry, msgs, w.MaxTokens, rng.Float64() < w.StreamShare, w.Timeout)
+					r.Conv, r.Turn, r.Messages = conv, turn, msgs
+					mu.Lock()
+					out = append(out, r)
+					mu.Unlock()
+					if r.Kind != "ok" {
+						break
+					}
+					msgs = append(msgs[:len(msgs):len(msgs)], message{"assistant", r.Text}, message{"user", fmt.Sprint("go on ", turn)})
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return out
+}
+
+// request sends one greedy chat completion and classifies how it ended.
+func request(ctx context.Context, client *http.Client, entry *Node, msgs []message, maxTokens int, stream bool, timeout time.Duration) (r Record) {
+	r = Record{Entry: entry.ID, Stream: stream, Start: time.Now()}
+	defer func() { r.End = time.Now() }()
+	body, _ := json.Marshal(map[string]any{"messages": msgs, "max_tokens": maxTokens, "temperature": 0, "stream": stream,
+		"stream_options": streamOptions(stream)})
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "POST", entry.URL()+"/v1/chat/completions", bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := client.Do(req)
+	if err != nil {
+		r.Kind, r.Error = classify(err), err.Error()
+		return r
+	}
+	defer resp.Body.Close()
+	r.Status, r.Served = resp.StatusCode, resp.Header.Get("X-Infernode-Node")
+	if resp.StatusCode != 200 {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		r.Kind, r.Error = "http_error", strings.TrimSpace(string(b))
+		return r
+	}
+	if !stream {
+		var out struct {
+			Choices []struct{ Message message }
+			Usage   struct {
+				CompletionTokens int `json:"completion_tokens"`
+			}
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || len(out.Choices) == 0 {
+			r.Kind, r.Error = classify(err), fmt.Sprint("bad body: ", err)
+			return r
+		}
+		r.Text, r.Tokens, r.TTFT = out.Choices[0].Message.Content, out.Usage.CompletionTokens, time.Since(r.Start)
+		r.Resumed = resp.Header.Get("X-Infernode-Resumed") != ""
+		r.Kind = "ok"
+		return r
+	}
+	var text strings.Builder
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, ": infernode-resumed") {
+			r.Resumed = true
+			continue
+		}
+		data, ok := strings.CutPrefix(line, "data: ")
+		if !ok {
+			continue
+		}
+		if data == "[DONE]" {
+			r.Text, r.Kind = text.String(), "ok"
+			return r
+		}
+		var ev struct {
+			Choices []struct{ Delta message }
+			Usage   *struct {
+				CompletionTokens int `json:"completion_tokens"`
+			}
+			Error *struct{ Message string }
+		}
+		if json.Unmarshal([]byte(data), &ev) != nil {
+			continue
+		}
+		if ev.Error != nil {
+			r.Kind, r.Error, r.Text = "sse_error", ev.Error.Message, text.String()
+			return r
+		}
+		if ev.Usage != nil {
+			r.Tokens = ev.Usage.CompletionTokens
+		}
+		if len(ev.Choices) > 0 && ev.Choices[0].Delta.Content != "" {
+			if r.TTFT == 0 {
+				r.TTFT = time.Since(r.Start)
+			}
+			text.WriteString(ev.Choices[0].Delta.Content)
+		}
+	}
+	r.Text = text.String()
+	if err := sc.Err(); err != nil {
+		r.Kind, r.Error = classify(err), err.Error()
+	} else {
+		r.Kind, r.Error = "cut", "stream ended without [DONE] or an error event"
+	}
+	return r
+}
+
+func streamOptions(stream bool) any {
+	if !stream {
+		return nil
+	}
+	return map[string]bool{"include_usage": true}
+}
+
+func classify(err error) string {
+	if errors.Is(err, context.DeadlineExceeded) || strings.Contains(fmt.Sprint(err), "Client.Timeout") {
+		return "hung"
+	}
+	return "conn_error"
+}
+
+// Metric reads one metric's value (summed over label sets matching prefix) from a node.
+func (c *Cluster) Metric(n *Node, prefix string) (float64, error) {
+	resp, err := c.http.Get(n.URL() + "/metrics")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	sum := 0.0
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, prefix) {
+			continue
+		}
+		f := strings.Fields(line)
+		v, err := strconv.ParseFloat(f[len(f)-1], 64)
+		if err == nil {
+			sum += v
+		}
+	}
+	return sum, nil
+}
