@@ -21,11 +21,12 @@ export CGO_CXXFLAGS := -O3 -march=native
 APT_PACKAGES := nlohmann-json3-dev libstb-dev nftables iproute2
 MALGO        := github.com/gen2brain/malgo@v0.11.24
 
-.PHONY: all deps build model bench-model test race lint tidy-check bench bench-http bench-cluster run clean
+.PHONY: all deps build model bench-model test race lint tidy-check bench bench-http bench-cluster run chaos chaos-cleanup clean
 
 all: build
 
-# deps: Debian headers (only when missing), Go modules, and the include folder.
+# deps: Debian packages (only when missing: headers for the cgo build, nftables and
+# iproute2 for network emulation), Go modules, and the include folder.
 deps: .build/deps.stamp
 
 .build/deps.stamp: go.mod go.sum
@@ -97,6 +98,15 @@ bench-http: build bench-model
 # joining through the first; Ctrl-C stops them all.
 run: build model
 	$(BIN)/testbed run --binary $(BIN)/infernode --model $(MODEL) --nodes $(NODES) --log-dir .build/logs
+
+# chaos: the long chaos suite (5 nodes in network namespaces, every fault type,
+# overlapping); needs root. Reports and node logs go to .build/chaos.
+chaos: build model
+	$(BIN)/testbed chaos --suite long --binary $(BIN)/infernode --model $(MODEL) --out .build/chaos
+
+# chaos-cleanup: remove namespaces and links a killed chaos run left behind.
+chaos-cleanup: build
+	$(BIN)/testbed cleanup
 
 clean:
 	rm -rf $(BIN) .build models

@@ -161,12 +161,15 @@ func (g *Gossip) Joined() bool {
 
 // Addr is the gossip address peers use, once Run has started.
 func (g *Gossip) Addr() string {
+	// memberlist calls the event delegate (record, which takes mu) while holding its own
+	// node lock, so mu must never be held while calling into memberlist.
 	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.ml == nil {
+	ml := g.ml
+	g.mu.Unlock()
+	if ml == nil {
 		return ""
 	}
-	n := g.ml.LocalNode()
+	n := ml.LocalNode()
 	return net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))
 }
 

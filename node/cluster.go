@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -81,6 +82,7 @@ type Cluster struct {
 	mu      sync.Mutex
 	table   *ring.Table
 	members map[string]gossip.Member // by stable id: the live incarnation, else the newest
+	down    map[string]chan struct{} // closed when the peer leaves this node's ring
 
 	forwards *prometheus.CounterVec
 	resumes  prometheus.Counter
@@ -109,6 +111,7 @@ func NewCluster(cfg ClusterConfig, g *gossip.Gossip, local Engine) (*Cluster, er
 		}},
 		table:   ring.NewTable(cfg.Ring, cfg.Self),
 		members: map[string]gossip.Member{},
+		down:    map[string]chan struct{}{},
 		forwards: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "infernode_forwards_total", Help: "Requests forwarded to their owner, by outcome.",
 		}, []string{"outcome"}),
@@ -214,9 +217,35 @@ func newer(a, b gossip.Member) bool {
 	return a.Name > b.Name
 }
 
-// logRing logs the ring; callers hold mu.
+// logRing logs a new ring and cancels forwards to peers no longer on it; callers hold mu.
 func (c *Cluster) logRing() {
-	c.log.Info("ring changed", "members", c.table.Ring().Members())
+	members := c.table.Ring().Members()
+	c.log.Info("ring changed", "members", members)
+	for id, ch := range c.down {
+		if !slices.Contains(members, id) {
+			close(ch)
+			delete(c.down, id)
+		}
+	}
+}
+
+// downSignal is closed when peer leaves this node's ring (it is already closed if the peer
+// is not on it now): forwards to a peer that has been declared down give up at once
+// instead of waiting on a node that may never answer (a paused process keeps accepting
+// connections).
+func (c *Cluster) downSignal(peer string) <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ch, ok := c.down[peer]
+	if !ok {
+		ch = make(chan struct{})
+		if slices.Contains(c.table.Ring().Members(), peer) {
+			c.down[peer] = ch
+		} else {
+			close(ch)
+		}
+	}
+	return ch
 }
 
 // probeAll checks every alive peer's /readyz at once.

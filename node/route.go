@@ -91,14 +91,29 @@ func retryable(err error) bool {
 	return true // transport errors: refused, reset, timed out
 }
 
-// forward hands req to a peer and returns once the peer has answered with headers.
+// errPeerDown cancels forwards to a peer this node's ring has dropped.
+var errPeerDown = errors.New("peer declared down")
+
+// forward hands req to a peer and returns once the peer has answered with headers. The
+// forward (and the stream after it) is abandoned when the client goes or when this node
+// declares the peer down.
 func (c *Cluster) forward(ctx context.Context, cand candidate, req session.Request) (*peerStream, error) {
 	body, err := json.Marshal(req)
 	if err != nil {
 		return nil, err
 	}
-	hreq, err := http.NewRequestWithContext(ctx, "POST", "http://"+cand.addr+internalPath, bytes.NewReader(body))
+	fctx, cancel := context.WithCancelCause(ctx)
+	down := c.downSignal(cand.id)
+	go func() {
+		select {
+		case <-down:
+			cancel(errPeerDown)
+		case <-fctx.Done():
+		}
+	}()
+	hreq, err := http.NewRequestWithContext(fctx, "POST", "http://"+cand.addr+internalPath, bytes.NewReader(body))
 	if err != nil {
+		cancel(nil)
 		return nil, err
 	}
 	hreq.Header.Set("Content-Type", "application/json")
@@ -111,14 +126,17 @@ func (c *Cluster) forward(ctx context.Context, cand candidate, req session.Reque
 	}
 	resp, err := c.client.Do(hreq)
 	if err != nil {
+		cancel(nil)
 		return nil, fmt.Errorf("forward to %s: %w", cand.id, err)
 	}
 	if resp.StatusCode != http.StatusOK {
+		defer cancel(nil)
 		defer resp.Body.Close()
 		return nil, decodeRemoteError(resp)
 	}
 	cached, _ := strconv.Atoi(resp.Header.Get(cachedHeader))
-	return &peerStream{peer: resp.Header.Get(nodeHeader), body: resp.Body, r: bufio.NewReader(resp.Body), cached: cached}, nil
+	return &peerStream{peer: resp.Header.Get(nodeHeader), body: resp.Body, r: bufio.NewReader(resp.Body), cached: cached,
+		cancel: cancel}, nil
 }
 
 // decodeRemoteError rebuilds a peer's error response, so it keeps its meaning across the hop.
@@ -156,6 +174,7 @@ type wireDone struct {
 // peerStream reads a forwarded request's answer.
 type peerStream struct {
 	peer   string
+	cancel context.CancelCauseFunc // ends the forward's context
 	body   io.ReadCloser
 	r      *bufio.Reader
 	cached int
@@ -165,27 +184,32 @@ type peerStream struct {
 	res session.Result
 }
 
+func (p *peerStream) close() {
+	p.body.Close()
+	p.cancel(nil)
+}
+
 func (p *peerStream) Recv() (string, error) {
 	line, err := p.r.ReadBytes('\n')
 	if err != nil {
-		p.body.Close()
+		p.close()
 		return "", fmt.Errorf("%w: %s: %v", errPeerLost, p.peer, err)
 	}
 	var ev wireEvent
 	if err := json.Unmarshal(line, &ev); err != nil {
-		p.body.Close()
+		p.close()
 		return "", fmt.Errorf("%w: %s sent %q", errPeerLost, p.peer, line)
 	}
 	switch {
 	case ev.Done != nil:
-		p.body.Close()
+		p.close()
 		p.mu.Lock()
 		p.res = session.Result{FinishReason: ev.Done.FinishReason, PromptTokens: ev.Done.PromptTokens,
 			CachedTokens: ev.Done.CachedTokens, CompletionTokens: ev.Done.CompletionTokens}
 		p.mu.Unlock()
 		return "", io.EOF
 	case ev.Error != nil:
-		p.body.Close()
+		p.close()
 		ev.Error.Status = ev.Status
 		p.mu.Lock()
 		p.res.Err = ev.Error

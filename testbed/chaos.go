@@ -53,6 +53,9 @@ type Applied struct {
 	// Detection is how long until every other running node's ring agreed with the fault
 	// (kill, pause, isolate) or its healing (restart, resume, heal, join); 0 if not measured.
 	Detection time.Duration `json:"detection_ns,omitempty"`
+	// Note says why Detection was not measured (for example, the next fault changed the
+	// membership before the rings agreed).
+	Note string `json:"note,omitempty"`
 }
 
 // Check is one invariant's verdict.
@@ -132,18 +135,39 @@ func RunScenario(ctx context.Context, cfg Config, s Scenario) (*Report, error) {
 	open := map[string]time.Time{}
 	start := time.Now()
 	faultsDone := make(chan struct{})
+	var measures sync.WaitGroup
 	go func() {
 		defer close(faultsDone)
+		supersede := func() {}
 		for _, f := range s.Faults {
 			select {
 			case <-ctx.Done():
 				return
 			case <-time.After(time.Until(start.Add(f.At))):
 			}
-			a := c.apply(ctx, f)
+			supersede() // a new fault changes what the rings should agree on
+			mctx, cancel := context.WithCancel(ctx)
+			supersede = cancel
+			a, measure := c.apply(mctx, f)
 			mu.Lock()
+			i := len(rep.Faults)
 			rep.Faults = append(rep.Faults, a)
 			mu.Unlock()
+			if measure != nil {
+				measures.Go(func() {
+					d, err := measure()
+					mu.Lock()
+					switch {
+					case err == nil:
+						rep.Faults[i].Detection = d
+					case mctx.Err() != nil && ctx.Err() == nil:
+						rep.Faults[i].Note = fmt.Sprintf("superseded by the next fault after %v", d.Round(time.Millisecond))
+					default:
+						rep.Faults[i].Err = "rings did not agree: " + err.Error()
+					}
+					mu.Unlock()
+				})
+			}
 			if f.Node < len(c.Nodes) {
 				n := c.Nodes[f.Node]
 				switch f.Kind {
@@ -164,6 +188,7 @@ func RunScenario(ctx context.Context, cfg Config, s Scenario) (*Report, error) {
 				}
 			}
 		}
+		// The last fault's measurement runs to its end; measures.Wait below waits for it.
 	}()
 	alive := func() []*Node {
 		var out []*Node
@@ -176,6 +201,7 @@ func RunScenario(ctx context.Context, cfg Config, s Scenario) (*Report, error) {
 	}
 	rep.Records = c.RunWorkload(ctx, s.Workload, alive)
 	<-faultsDone
+	measures.Wait()
 	end := time.Now()
 	for id, from := range open {
 		for _, n := range c.Nodes {
@@ -219,24 +245,24 @@ func errText(err error) string {
 	return err.Error()
 }
 
-// apply carries out one fault and measures how long the other nodes' rings take to agree.
-func (c *Cluster) apply(ctx context.Context, f Fault) Applied {
+// apply carries out one fault. It returns at once (so the schedule keeps time) with a
+// function that measures how long the other nodes' rings take to agree with the fault.
+func (c *Cluster) apply(ctx context.Context, f Fault) (Applied, func() (time.Duration, error)) {
 	a := Applied{Fault: f, Time: time.Now(), Backend: "signal"}
 	if f.Kind == "join" {
 		a.Backend = "process"
 		_, err := c.Add(ctx, fmt.Sprintf("node%d", len(c.Nodes)+1))
 		if err != nil {
 			a.Err = err.Error()
-			return a
+			return a, nil
 		}
-		a.Detection, err = c.WaitRings(ctx, c.runningIDs(), 30*time.Second)
-		a.Err = errText2(err)
 		a.Fault.Node = len(c.Nodes) - 1
-		return a
+		want := c.runningIDs()
+		return a, func() (time.Duration, error) { return c.WaitRings(ctx, want, 30*time.Second) }
 	}
 	if f.Node >= len(c.Nodes) {
 		a.Err = "no such node"
-		return a
+		return a, nil
 	}
 	n := c.Nodes[f.Node]
 	var err error
@@ -258,7 +284,7 @@ func (c *Cluster) apply(ctx context.Context, f Fault) Applied {
 	case "isolate", "halves", "oneway", "loss", "bandwidth", "delay", "heal":
 		if n.Host == nil {
 			a.Backend, a.Err = "none", "network faults need a namespace topology"
-			return a
+			return a, nil
 		}
 		a.Backend = "nftables"
 		switch f.Kind {
@@ -289,7 +315,7 @@ func (c *Cluster) apply(ctx context.Context, f Fault) Applied {
 	}
 	a.Err = errText2(err)
 	if err != nil {
-		return a
+		return a, nil
 	}
 	switch {
 	case expectWithout:
@@ -299,14 +325,13 @@ func (c *Cluster) apply(ctx context.Context, f Fault) Applied {
 				others = append(others, o)
 			}
 		}
-		a.Detection, err = c.WaitRings(ctx, c.IDs(others...), 30*time.Second, n)
+		want := c.IDs(others...)
+		return a, func() (time.Duration, error) { return c.WaitRings(ctx, want, 30*time.Second, n) }
 	case expectAll:
-		a.Detection, err = c.WaitRings(ctx, c.runningIDs(), 30*time.Second)
+		want := c.runningIDs()
+		return a, func() (time.Duration, error) { return c.WaitRings(ctx, want, 30*time.Second) }
 	}
-	if err != nil {
-		a.Err = "rings did not agree: " + err.Error()
-	}
-	return a
+	return a, nil
 }
 
 func errText2(err error) string {
@@ -498,7 +523,7 @@ func (r *Report) Summary(w io.Writer) {
 		if a.Detection > 0 {
 			det = a.Detection.Round(time.Millisecond).String()
 		}
-		fmt.Fprintf(tw, "  fault\t%s\tbackend %s\trings agreed after %s\t%s\n", a.Fault, a.Backend, det, a.Err)
+		fmt.Fprintf(tw, "  fault\t%s\tbackend %s\trings agreed after %s\t%s%s\n", a.Fault, a.Backend, det, a.Note, a.Err)
 	}
 	for _, ch := range r.Checks {
 		mark := "pass"

@@ -1,33 +1,101 @@
 // Command testbed launches and drives real infernode clusters.
 //
-//	testbed run --nodes 3     start a local cluster (what `make run` does) until Ctrl-C
+//	testbed run --nodes 3          start a local cluster (what `make run` does) until Ctrl-C
+//	testbed chaos --suite long     run chaos scenarios, print summaries, write JSON reports
+//	testbed cleanup                remove network namespaces left by a killed run
 package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"syscall"
 	"time"
 
+	"github.com/infernode/infernode/netem"
 	"github.com/infernode/infernode/testbed"
 )
 
 const usage = `Usage:
-  testbed run [flags]    start a local cluster on loopback and keep it up until Ctrl-C
+  testbed run [flags]      start a local cluster on loopback and keep it up until Ctrl-C
+  testbed chaos [flags]    run a chaos suite against real clusters and report
+  testbed cleanup          remove network namespaces and links left by a killed run
 `
 
 func main() {
-	if len(os.Args) < 2 || os.Args[1] != "run" {
+	if len(os.Args) < 2 {
 		fmt.Fprint(os.Stderr, usage)
 		os.Exit(2)
 	}
-	os.Exit(run(os.Args[2:]))
+	switch os.Args[1] {
+	case "run":
+		os.Exit(run(os.Args[2:]))
+	case "chaos":
+		os.Exit(chaos(os.Args[2:]))
+	case "cleanup":
+		for _, prefix := range []string{"infch", "inft", "infc", "inf"} {
+			netem.Cleanup(prefix)
+		}
+		os.Exit(0)
+	default:
+		fmt.Fprint(os.Stderr, usage)
+		os.Exit(2)
+	}
+}
+
+func chaos(args []string) int {
+	fs := flag.NewFlagSet("testbed chaos", flag.ContinueOnError)
+	binary := fs.String("binary", "bin/infernode", "infernode binary")
+	model := fs.String("model", "models/infernode-tiny.gguf", "GGUF model for every node")
+	suite := fs.String("suite", "long", "scenario suite: short or long")
+	seed := fs.Uint64("seed", 0, "workload seed (0: from the clock; printed)")
+	out := fs.String("out", ".build/chaos", "directory for JSON reports and node logs")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if *seed == 0 {
+		*seed = uint64(time.Now().UnixNano())
+	}
+	scenarios := testbed.LongSuite(*seed)
+	if *suite == "short" {
+		scenarios = testbed.ShortSuite(*seed)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	nsErr := netem.Available()
+	failed := false
+	for _, s := range scenarios {
+		if s.Netns && nsErr != nil {
+			fmt.Printf("scenario %s: SKIPPED: %v\n", s.Name, nsErr)
+			continue
+		}
+		dir := filepath.Join(*out, s.Name)
+		os.MkdirAll(dir, 0o755)
+		threads := max(1, runtime.NumCPU()/s.Nodes)
+		rep, err := testbed.RunScenario(ctx, testbed.Config{Binary: *binary, Model: *model, LogDir: dir,
+			Args: []string{"--threads", strconv.Itoa(threads), "--log-level", "info"}}, s)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "scenario %s: %v\n", s.Name, err)
+			failed = true
+			continue
+		}
+		rep.Summary(os.Stdout)
+		b, _ := json.MarshalIndent(rep, "", "  ")
+		os.WriteFile(filepath.Join(dir, "report.json"), b, 0o644)
+		fmt.Printf("  report: %s\n\n", filepath.Join(dir, "report.json"))
+		failed = failed || !rep.Passed()
+	}
+	if failed {
+		return 1
+	}
+	return 0
 }
 
 func run(args []string) int {
