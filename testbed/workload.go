@@ -48,6 +48,7 @@ type Record struct {
 	TTFT     time.Duration `json:"ttft_ns"`
 	Tokens   int           `json:"tokens"`
 	Resumed  bool          `json:"resumed"`
+	Seams    []int         `json:"seams,omitempty"` // byte offsets in Text where the answer resumed elsewhere
 	Text     string        `json:"-"`
 	Messages []message     `json:"-"`
 }
@@ -141,6 +142,7 @@ func request(ctx context.Context, client *http.Client, entry *Node, msgs []messa
 		line := sc.Text()
 		if strings.HasPrefix(line, ": infernode-resumed") {
 			r.Resumed = true
+			r.Seams = append(r.Seams, text.Len())
 			continue
 		}
 		data, ok := strings.CutPrefix(line, "data: ")
