@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/infernode/infernode/internal/measure"
 )
 
 // benchEngine runs an engine on INFERNODE_BENCH_MODEL (make bench sets it to the
@@ -81,7 +83,7 @@ func BenchmarkDecode(b *testing.B) {
 						})
 					}
 					wg.Wait()
-					t, s := steadyRate(events)
+					t, s := measure.SteadyRate(events)
 					tokens += t
 					seconds += s
 				}
@@ -92,34 +94,6 @@ func BenchmarkDecode(b *testing.B) {
 			})
 		}
 	}
-}
-
-// steadyRate counts the events of all requests inside the window where every request is
-// between its first and last event, and returns that count and the window's length.
-func steadyRate(events [][]time.Time) (count, seconds float64) {
-	var from, to time.Time
-	for _, ev := range events {
-		if len(ev) < 2 {
-			return 0, 0
-		}
-		if from.IsZero() || ev[0].After(from) {
-			from = ev[0]
-		}
-		if to.IsZero() || ev[len(ev)-1].Before(to) {
-			to = ev[len(ev)-1]
-		}
-	}
-	if !to.After(from) {
-		return 0, 0 // no moment when all were decoding
-	}
-	for _, ev := range events {
-		for _, t := range ev {
-			if t.After(from) && !t.After(to) {
-				count++
-			}
-		}
-	}
-	return count, to.Sub(from).Seconds()
 }
 
 // BenchmarkFollowUpTTFT compares the time to first token of a follow-up turn whose ~1,000

@@ -24,6 +24,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/infernode/infernode/internal/measure"
 )
 
 type result struct {
@@ -83,7 +85,7 @@ func main() {
 			for _, x := range res {
 				events = append(events, x.events)
 			}
-			t, s := steadyRate(events)
+			t, s := measure.SteadyRate(events)
 			decodeTok += t
 			decodeSec += s
 		}
@@ -193,34 +195,6 @@ func stream(client *http.Client, url, key, model, prompt string, maxTokens int, 
 	res.end = time.Now()
 	res.err = sc.Err()
 	return res
-}
-
-// steadyRate counts the events of all requests inside the window where every request is
-// between its first and last event, and returns that count and the window's length.
-func steadyRate(events [][]time.Time) (count, seconds float64) {
-	var from, to time.Time
-	for _, ev := range events {
-		if len(ev) < 2 {
-			return 0, 0
-		}
-		if from.IsZero() || ev[0].After(from) {
-			from = ev[0]
-		}
-		if to.IsZero() || ev[len(ev)-1].Before(to) {
-			to = ev[len(ev)-1]
-		}
-	}
-	if !to.After(from) {
-		return 0, 0 // no moment when all were decoding
-	}
-	for _, ev := range events {
-		for _, t := range ev {
-			if t.After(from) && !t.After(to) {
-				count++
-			}
-		}
-	}
-	return count, to.Sub(from).Seconds()
 }
 
 func summarize(n int, rs []result, decode float64) level {

@@ -1,0 +1,36 @@
+// Package measure holds the throughput arithmetic that the engine benchmarks and the HTTP
+// load generator share, so their numbers mean the same thing.
+package measure
+
+import "time"
+
+// SteadyRate counts the events of all streams inside the window where every stream is
+// between its first and last event (all of them decoding at once), and returns that count
+// and the window's length in seconds. Streams that start a little apart, or prefill at
+// different times, therefore do not count against the server. It returns 0, 0 when there
+// is no such window.
+func SteadyRate(events [][]time.Time) (count, seconds float64) {
+	var from, to time.Time
+	for _, ev := range events {
+		if len(ev) < 2 {
+			return 0, 0
+		}
+		if from.IsZero() || ev[0].After(from) {
+			from = ev[0]
+		}
+		if to.IsZero() || ev[len(ev)-1].Before(to) {
+			to = ev[len(ev)-1]
+		}
+	}
+	if !to.After(from) {
+		return 0, 0
+	}
+	for _, ev := range events {
+		for _, t := range ev {
+			if t.After(from) && !t.After(to) {
+				count++
+			}
+		}
+	}
+	return count, to.Sub(from).Seconds()
+}
