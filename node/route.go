@@ -278,9 +278,9 @@ func (r *routedStream) resumeElsewhere(cause error) error {
 	cont := r.req
 	cont.Prompt += r.text.String()
 	cont.MaxTokens = limit - r.base
-	if cont.MaxTokens <= 0 {
+	if cont.MaxTokens <= 0 { // the owner died after the last token: the answer is whole
 		r.mu.Lock()
-		r.res = session.Result{FinishReason: "length", CompletionTokens: r.base}
+		r.res = session.Result{FinishReason: "length"} // finish adds the tokens of earlier legs
 		r.mu.Unlock()
 		r.cur = finished{}
 		return nil
@@ -315,8 +315,8 @@ func (r *routedStream) finish(err error) {
 		res = r.res
 		r.mu.Unlock()
 	}
-	if r.resume > 0 {
-		// The last leg's prompt held the text generated before it.
+	if r.base > 0 {
+		// Earlier legs generated base tokens; the last leg's prompt held their text.
 		res.PromptTokens = max(0, res.PromptTokens-r.base)
 		res.CompletionTokens += r.base
 	}
@@ -340,7 +340,8 @@ func (r *routedStream) Admitted() (int, int, bool) { return r.cur.Admitted() }
 func (r *routedStream) Resumes() int { return r.resume }
 func (r *routedStream) Tokens() int  { return r.base + r.cur.Tokens() }
 
-// Node is the id of the node that served the answer (the first owner that answered).
+// Node is the id of the node serving the answer now (the response header takes it when
+// the first owner has answered).
 func (r *routedStream) Node() string {
 	if p, ok := r.cur.(*peerStream); ok {
 		return p.peer

@@ -138,17 +138,16 @@ func New(cfg Config, engine Engine, cluster *Cluster) (*Server, error) {
 	s.base, s.cancelBase = context.WithCancel(context.Background())
 	s.promh = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}))
 	s.http = &fasthttp.Server{
-		Handler:                       s.handle,
-		ErrorHandler:                  s.handleParseError,
-		Name:                          "infernode",
-		MaxRequestBodySize:            cfg.MaxBodyBytes,
-		ReadTimeout:                   cfg.ReadTimeout,
-		WriteTimeout:                  cfg.WriteTimeout, // per response; streams extend it per event
-		IdleTimeout:                   cfg.IdleTimeout,
-		CloseOnShutdown:               true,
-		NoDefaultContentType:          true,
-		DisableHeaderNamesNormalizing: false,
-		Logger:                        fasthttpLogger{s.log},
+		Handler:              s.handle,
+		ErrorHandler:         s.handleParseError,
+		Name:                 "infernode",
+		MaxRequestBodySize:   cfg.MaxBodyBytes,
+		ReadTimeout:          cfg.ReadTimeout,
+		WriteTimeout:         cfg.WriteTimeout, // per response; streams extend it per event
+		IdleTimeout:          cfg.IdleTimeout,
+		CloseOnShutdown:      true,
+		NoDefaultContentType: true,
+		Logger:               fasthttpLogger{s.log},
 	}
 	return s, nil
 }

@@ -76,7 +76,7 @@ func (c Config) Validate() error {
 	check(c.Sequences >= 1 && c.Sequences <= 256, "sequences must be in [1, 256], got %d", c.Sequences)
 	check(c.BatchSize >= c.Sequences, "batch size %d must be at least the number of sequences %d", c.BatchSize, c.Sequences)
 	check(c.Cells >= 16, "KV cells must be at least 16, got %d", c.Cells)
-	check(c.UnifiedKV || c.Sequences == 0 || c.Cells/max(c.Sequences, 1) >= 16,
+	check(c.UnifiedKV || c.Cells/max(c.Sequences, 1) >= 16,
 		"KV cells %d leave fewer than 16 per sequence without a unified pool", c.Cells)
 	check(c.Threads >= 1, "threads must be at least 1, got %d", c.Threads)
 	check(c.KVType == "f16" || c.KVType == "q8_0" || c.KVType == "q4_0", "KV type must be f16, q8_0 or q4_0, got %q", c.KVType)

@@ -314,7 +314,7 @@ func (c *Cluster) apply(ctx context.Context, f Fault) (Applied, func() (time.Dur
 	default:
 		err = fmt.Errorf("unknown fault %q", f.Kind)
 	}
-	a.Err = errText2(err)
+	a.Err = errString(err)
 	if err != nil {
 		return a, nil
 	}
@@ -335,7 +335,8 @@ func (c *Cluster) apply(ctx context.Context, f Fault) (Applied, func() (time.Dur
 	return a, nil
 }
 
-func errText2(err error) string {
+// errString is err's text, or "" for nil.
+func errString(err error) string {
 	if err == nil {
 		return ""
 	}
