@@ -33,22 +33,7 @@ func benchEngine(b *testing.B, edit func(*Config)) *Engine {
 	if edit != nil {
 		edit(&cfg)
 	}
-	e, err := New(cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- e.Run(ctx) }()
-	b.Cleanup(func() {
-		cancel()
-		<-done
-		e.Close()
-	})
-	for !e.Ready() {
-		time.Sleep(time.Millisecond)
-	}
-	return e
+	return runEngine(b, cfg)
 }
 
 // BenchmarkDecode measures aggregate decode throughput with n sequences generating at once,

@@ -29,21 +29,33 @@ func startEngine(t *testing.T, edit func(*Config)) *Engine {
 	if edit != nil {
 		edit(&cfg)
 	}
+	return runEngine(t, cfg)
+}
+
+// runEngine creates an engine and runs it until tb ends, waiting until it is ready.
+func runEngine(tb testing.TB, cfg Config) *Engine {
+	tb.Helper()
 	e, err := New(cfg)
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- e.Run(ctx) }()
-	t.Cleanup(func() {
+	tb.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
+			tb.Errorf("Run: %v", err)
 		}
 		e.Close()
 	})
-	waitFor(t, "engine ready", e.Ready)
+	deadline := time.Now().Add(30 * time.Second)
+	for !e.Ready() {
+		if time.Now().After(deadline) {
+			tb.Fatal("engine not ready after 30s")
+		}
+		time.Sleep(time.Millisecond)
+	}
 	return e
 }
 
