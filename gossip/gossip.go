@@ -106,7 +106,7 @@ type Gossip struct {
 	meta    Meta
 	metaNew bool // meta changed since last gossiped; guarded by mu
 	members map[string]Member
-	ml      *memberlist.Memberlist
+	addr    string // advertised gossip address, set once Run has started memberlist
 	joined  bool
 
 	changes chan struct{}
@@ -161,16 +161,9 @@ func (g *Gossip) Joined() bool {
 
 // Addr is the gossip address peers use, once Run has started.
 func (g *Gossip) Addr() string {
-	// memberlist calls the event delegate (record, which takes mu) while holding its own
-	// node lock, so mu must never be held while calling into memberlist.
 	g.mu.Lock()
-	ml := g.ml
-	g.mu.Unlock()
-	if ml == nil {
-		return ""
-	}
-	n := ml.LocalNode()
-	return net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))
+	defer g.mu.Unlock()
+	return g.addr
 }
 
 // SetMeta replaces this node's metadata; Run gossips it within MetaInterval.
@@ -203,8 +196,13 @@ func (g *Gossip) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("gossip: start memberlist: %w", err)
 	}
+	// memberlist calls the event delegate (record, which takes mu) while holding its own
+	// node lock, and mutates the node LocalNode returns: read the address once, here,
+	// and never call into memberlist while holding mu.
+	local := ml.LocalNode()
+	addr := net.JoinHostPort(local.Addr.String(), strconv.Itoa(int(local.Port)))
 	g.mu.Lock()
-	g.ml = ml
+	g.addr = addr
 	g.joined = len(g.cfg.Join) == 0
 	g.mu.Unlock()
 	g.log.Info("gossip started", "name", g.name, "addr", g.Addr(), "seeds", g.cfg.Join)
