@@ -71,6 +71,8 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 			return nil, err
 		}
 		cfg.LogDir = dir
+	} else if err := os.MkdirAll(cfg.LogDir, 0o755); err != nil {
+		return nil, err
 	}
 	c := &Cluster{cfg: cfg, http: &http.Client{Timeout: 5 * time.Second}}
 	for i := range cfg.Nodes {
