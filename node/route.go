@@ -348,3 +348,13 @@ func (r *routedStream) Node() string {
 	}
 	return r.c.cfg.Self
 }
+
+// Compile-time checks that every stream and engine fits its role.
+var (
+	_ Engine = (*LocalEngine)(nil)
+	_ Engine = router{}
+	_ Stream = (*session.Stream)(nil)
+	_ Stream = (*peerStream)(nil)
+	_ Stream = (*routedStream)(nil)
+	_ Stream = finished{}
+)
