@@ -259,17 +259,21 @@ func (c *Cluster) probeAll(ctx context.Context) {
 	}
 	c.mu.Unlock()
 	var wg sync.WaitGroup
-	results := make(chan [2]any, len(targets))
+	type result struct {
+		peer string
+		ok   bool
+	}
+	results := make(chan result, len(targets))
 	for id, addr := range targets {
-		wg.Go(func() { results <- [2]any{id, c.probe(ctx, addr)} })
+		wg.Go(func() { results <- result{id, c.probe(ctx, addr)} })
 	}
 	wg.Wait()
 	close(results)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for r := range results {
-		if c.table.Observe(r[0].(string), r[1].(bool)) {
-			c.log.Info("peer health changed", "peer", r[0], "healthy", r[1])
+		if c.table.Observe(r.peer, r.ok) {
+			c.log.Info("peer health changed", "peer", r.peer, "healthy", r.ok)
 			c.logRing()
 		}
 	}
@@ -319,9 +323,7 @@ func (c *Cluster) sign(body []byte) string {
 	if c.cfg.Secret == "" {
 		return ""
 	}
-	m := hmac.New(sha256.New, []byte(c.cfg.Secret))
-	m.Write(body)
-	return hex.EncodeToString(m.Sum(nil))
+	return hex.EncodeToString(c.mac(body))
 }
 
 // verify checks a forwarded request's signature (always true without a secret).
@@ -330,12 +332,14 @@ func (c *Cluster) verify(body []byte, sig string) bool {
 		return true
 	}
 	want, err := hex.DecodeString(sig)
-	if err != nil {
-		return false
-	}
+	return err == nil && hmac.Equal(c.mac(body), want)
+}
+
+// mac is the HMAC-SHA256 of body with the cluster secret.
+func (c *Cluster) mac(body []byte) []byte {
 	m := hmac.New(sha256.New, []byte(c.cfg.Secret))
 	m.Write(body)
-	return hmac.Equal(m.Sum(nil), want)
+	return m.Sum(nil)
 }
 
 // View is the cluster as this node sees it (GET /v1/cluster).

@@ -101,6 +101,8 @@ func (r *Report) Passed() bool {
 // invariants and returns the report. cfg gives the binary and model; its Nodes and
 // Topology are set from the scenario.
 func RunScenario(ctx context.Context, cfg Config, s Scenario) (*Report, error) {
+	ctx, stop := context.WithCancel(ctx) // ends the last fault's measurement context too
+	defer stop()
 	rep := &Report{Scenario: s.Name, Doc: s.Doc, Nodes: s.Nodes, Seed: s.Workload.Seed, MaxTokens: s.Workload.MaxTokens, Started: time.Now()}
 	cfg.Nodes = s.Nodes
 	if s.Netns {
