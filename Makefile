@@ -11,23 +11,39 @@ BIN     := bin
 # three vendored headers: nlohmann/json and stb come from Debian, miniaudio.h from the
 # github.com/gen2brain/malgo module, copied into .build/include. Session's cgo shim finds
 # llama.h and ggml.h through links in .build/include to the ollama module's own headers.
-# -O3 -march=native gives ggml the machine's SIMD; without it decode is about 4x slower.
+# -O3 with the machine's vector instructions gives ggml its SIMD; without them decode is
+# about 4x slower. PORTABLE=1 builds for a named ISA level instead (x86-64-v3: AVX2 and FMA;
+# armv8.2-a on arm64), so one binary runs on a mixed fleet or in a container image.
+# AMX stays off on x86-64: -march=native on an Intel CPU with AMX defines __AMX_INT8__, and
+# ggml-cpu.cpp then calls the AMX buffer type, whose sources (ggml-cpu/amx/) ollama's cgo
+# package never compiles, so every binary would fail to link. scripts/check-cflags.sh
+# (run by deps) and a guard in session/llama refuse such flags with a clear message.
 INCLUDE := $(CURDIR)/.build/include
+ARCH    := $(shell uname -m)
+PORTABLE ?=
+ifeq ($(ARCH),x86_64)
+  ISA := $(if $(PORTABLE),-march=x86-64-v3,-march=native) -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+else ifeq ($(ARCH),aarch64)
+  ISA := $(if $(PORTABLE),-march=armv8.2-a,-mcpu=native)
+else
+  ISA := $(if $(PORTABLE),,-march=native)
+endif
 export CGO_ENABLED  := 1
 export CGO_CPPFLAGS := -I$(INCLUDE)
-export CGO_CFLAGS   := -O3 -march=native
-export CGO_CXXFLAGS := -O3 -march=native
+export CGO_CFLAGS   := -O3 $(ISA)
+export CGO_CXXFLAGS := -O3 $(ISA)
 
 APT_PACKAGES := nlohmann-json3-dev libstb-dev nftables iproute2
 MALGO        := github.com/gen2brain/malgo@v0.11.24
 
-.PHONY: all deps build model bench-model test race lint tidy-check bench bench-http bench-cluster run chaos chaos-cleanup clean
+.PHONY: all deps flags build model bench-model test race lint tidy-check bench bench-http bench-cluster run chaos chaos-cleanup clean
 
 all: build
 
 # deps: Debian packages (only when missing: headers for the cgo build, nftables and
 # iproute2 for network emulation), Go modules, and the include folder.
 deps: .build/deps.stamp
+	@sh scripts/check-cflags.sh
 
 .build/deps.stamp: go.mod go.sum
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
@@ -46,6 +62,10 @@ deps: .build/deps.stamp
 
 build: deps
 	$(GO) build -o $(BIN)/ ./cmd/...
+
+# flags: the compiler flags the cgo build uses here (PORTABLE=1 for the portable ones).
+flags:
+	@echo "CGO_CFLAGS=$$CGO_CFLAGS"; echo "CGO_CXXFLAGS=$$CGO_CXXFLAGS"
 
 # model: the default test model (tiny, words vocabulary, ChatML); written only if missing.
 model: $(MODEL)

@@ -1,6 +1,7 @@
 package gossip
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -39,11 +40,18 @@ type Config struct {
 	MetaInterval time.Duration
 	// Key, if set (16, 24 or 32 bytes), encrypts gossip; every node needs the same key.
 	Key []byte
+	// ExtraKeys are further keys that decrypt (never encrypt) gossip, for rotating Key
+	// without downtime: install the new key as extra everywhere, make it the Key, then
+	// remove the old one.
+	ExtraKeys [][]byte
 	// ProbeInterval, ProbeTimeout and SuspicionMult tune failure detection; defaults are
 	// set for a LAN: a dead node is declared dead in about 2 seconds.
 	ProbeInterval time.Duration
 	ProbeTimeout  time.Duration
 	SuspicionMult int
+	// ForgetAfter is how long a dead or departed member stays in Members before it is
+	// pruned (so the list does not grow with every process that ever joined). Default 1m.
+	ForgetAfter time.Duration
 	// Logger receives membership logs. Nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -58,6 +66,7 @@ func DefaultConfig() Config {
 		ProbeInterval:  500 * time.Millisecond, // memberlist's LAN default is 1s
 		ProbeTimeout:   250 * time.Millisecond, // loopback and LAN round trips are far below this
 		SuspicionMult:  3,                      // suspect → dead after 3*log10(n)*probe, at least 1.5s
+		ForgetAfter:    time.Minute,            // long past any view that still routes to it
 	}
 }
 
@@ -67,14 +76,20 @@ func (c Config) Validate() error {
 	if c.ID == "" {
 		errs = append(errs, errors.New("gossip: node id is required"))
 	}
-	if n := len(c.Key); n != 0 && n != 16 && n != 24 && n != 32 {
-		errs = append(errs, fmt.Errorf("gossip: key must be 16, 24 or 32 bytes, got %d", n))
+	for _, k := range append([][]byte{c.Key}, c.ExtraKeys...) {
+		if n := len(k); n != 0 && n != 16 && n != 24 && n != 32 {
+			errs = append(errs, fmt.Errorf("gossip: keys must be 16, 24 or 32 bytes, got %d", n))
+		}
+	}
+	if len(c.ExtraKeys) > 0 && len(c.Key) == 0 {
+		errs = append(errs, errors.New("gossip: extra keys need a primary key"))
 	}
 	if c.ProbeInterval <= 0 || c.ProbeTimeout <= 0 || c.ProbeTimeout >= c.ProbeInterval {
 		errs = append(errs, fmt.Errorf("gossip: need 0 < probe timeout (%v) < probe interval (%v)", c.ProbeTimeout, c.ProbeInterval))
 	}
-	if c.SuspicionMult < 1 || c.RejoinInterval <= 0 || c.MetaInterval <= 0 {
-		errs = append(errs, errors.New("gossip: suspicion multiplier, rejoin and meta intervals must be positive"))
+	if c.SuspicionMult < 1 || c.RejoinInterval <= 0 || c.MetaInterval <= 0 || c.ForgetAfter <= 0 {
+		errs = append(errs, fmt.Errorf("gossip: suspicion multiplier (%d), rejoin interval (%v), meta interval (%v) and forget-after (%v) must be positive",
+			c.SuspicionMult, c.RejoinInterval, c.MetaInterval, c.ForgetAfter))
 	}
 	return errors.Join(errs...)
 }
@@ -94,6 +109,10 @@ type Member struct {
 	Addr  string // gossip host:port
 	Meta  Meta
 	State State
+	// Invalid says why the member's metadata was refused (empty when it is valid). Such a
+	// member is listed, so operators can see it, but must never receive traffic.
+	Invalid string
+	since   time.Time // when State last changed
 }
 
 // Gossip is a node's membership.
@@ -168,12 +187,13 @@ func (g *Gossip) Addr() string {
 
 // SetMeta replaces this node's metadata; Run gossips it within MetaInterval.
 func (g *Gossip) SetMeta(m Meta) error {
-	if _, err := m.Encode(); err != nil {
+	b, err := m.Encode()
+	if err != nil {
 		return err
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if m != g.meta {
+	if old, _ := g.meta.Encode(); !bytes.Equal(b, old) {
 		g.meta, g.metaNew = m, true
 	}
 	return nil
@@ -188,7 +208,14 @@ func (g *Gossip) Run(ctx context.Context) error {
 	mc.AdvertiseAddr, mc.AdvertisePort = g.cfg.AdvertiseAddr, g.cfg.AdvertisePort
 	mc.ProbeInterval, mc.ProbeTimeout, mc.SuspicionMult = g.cfg.ProbeInterval, g.cfg.ProbeTimeout, g.cfg.SuspicionMult
 	mc.GossipInterval = 100 * time.Millisecond
-	mc.SecretKey = g.cfg.Key
+	if len(g.cfg.Key) > 0 {
+		kr, err := memberlist.NewKeyring(g.cfg.ExtraKeys, g.cfg.Key)
+		if err != nil {
+			return fmt.Errorf("gossip: keyring: %w", err)
+		}
+		mc.Keyring = kr
+		mc.GossipVerifyIncoming, mc.GossipVerifyOutgoing = true, true
+	}
 	mc.Delegate = delegate{g}
 	mc.Events = events{g}
 	mc.Logger = slog.NewLogLogger(g.log.Handler(), slog.LevelDebug)
@@ -256,6 +283,7 @@ func (g *Gossip) Run(ctx context.Context) error {
 				g.log.Warn("metadata update failed", "err", err)
 			}
 		}
+		g.prune(now)
 		select {
 		case <-ctx.Done():
 			return nil
@@ -271,16 +299,39 @@ func (g *Gossip) signal() {
 	}
 }
 
+// prune forgets members that have been dead or gone for ForgetAfter.
+func (g *Gossip) prune(now time.Time) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for name, m := range g.members {
+		if m.State != Alive && now.Sub(m.since) >= g.cfg.ForgetAfter {
+			delete(g.members, name)
+		}
+	}
+}
+
 // record stores what memberlist says about a node. Called from memberlist's goroutines:
 // it must not block.
 func (g *Gossip) record(n *memberlist.Node, st State) {
 	meta, err := DecodeMeta(n.Meta)
+	if err == nil {
+		err = meta.Validate(n.Name)
+	}
+	m := Member{Name: n.Name, Addr: net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port))), Meta: meta, State: st,
+		since: time.Now()}
 	if err != nil {
-		g.log.Warn("bad metadata from peer", "name", n.Name, "err", err)
+		m.Invalid = err.Error()
 	}
 	g.mu.Lock()
-	g.members[n.Name] = Member{Name: n.Name, Addr: net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port))), Meta: meta, State: st}
+	prev, seen := g.members[n.Name]
+	if seen && prev.State == st {
+		m.since = prev.since
+	}
+	g.members[n.Name] = m
 	g.mu.Unlock()
+	if err != nil && (!seen || prev.Invalid != m.Invalid) {
+		g.log.Warn("refused metadata from peer", "name", n.Name, "addr", m.Addr, "err", err)
+	}
 	g.log.Debug("member", "name", n.Name, "state", st, "ready", meta.Ready)
 	g.signal()
 }

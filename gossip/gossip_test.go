@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/infernode/infernode/internal/poll"
 )
 
 func start(t *testing.T, id string, join []string, key []byte) (*Gossip, context.CancelFunc) {
@@ -29,19 +31,8 @@ func start(t *testing.T, id string, join []string, key []byte) (*Gossip, context
 	t.Cleanup(func() {
 		cancel()
 	})
-	waitFor(t, id+" started", func() bool { return g.Addr() != "" })
+	poll.Until(t, 15*time.Second, id+" started", func() bool { return g.Addr() != "" })
 	return g, stop
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 func states(g *Gossip) map[string]Member {
@@ -58,7 +49,7 @@ func TestMembership(t *testing.T) {
 	b, stopB := start(t, "b", []string{a.Addr()}, key)
 	c, _ := start(t, "c", []string{a.Addr()}, key)
 	for _, g := range []*Gossip{a, b, c} {
-		waitFor(t, g.Name()+" sees 3 alive members", func() bool {
+		poll.Until(t, 15*time.Second, g.Name()+" sees 3 alive members", func() bool {
 			s := states(g)
 			return len(s) == 3 && s["a"].State == Alive && s["b"].State == Alive && s["c"].State == Alive
 		})
@@ -69,10 +60,10 @@ func TestMembership(t *testing.T) {
 	if err := b.SetMeta(Meta{ID: "b", HTTPAddr: "127.0.0.1:1", Fingerprint: "fp", Ready: true, Running: 3}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "a sees b's new metadata", func() bool { m := states(a)["b"].Meta; return m.Ready && m.Running == 3 })
+	poll.Until(t, 15*time.Second, "a sees b's new metadata", func() bool { m := states(a)["b"].Meta; return m.Ready && m.Running == 3 })
 	stopB()
-	waitFor(t, "a sees b leave", func() bool { return states(a)["b"].State == Left })
-	waitFor(t, "c sees b leave", func() bool { return states(c)["b"].State == Left })
+	poll.Until(t, 15*time.Second, "a sees b leave", func() bool { return states(a)["b"].State == Left })
+	poll.Until(t, 15*time.Second, "c sees b leave", func() bool { return states(c)["b"].State == Left })
 
 	// A node with another key cannot join.
 	cfg := DefaultConfig()
@@ -103,5 +94,75 @@ func TestMetaLimit(t *testing.T) {
 	if b, _ := (Meta{ID: "node-with-a-long-name-0001", HTTPAddr: "255.255.255.255:65535", Fingerprint: strings.Repeat("f", 16),
 		Ready: true, Running: 256, Waiting: 1024, FreeKV: 1 << 20, QueueCap: 1024}).Encode(); len(b) > 200 {
 		t.Errorf("typical metadata is %d bytes", len(b))
+	}
+}
+
+func TestMetaValidate(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		meta Meta
+		ok   bool
+	}{
+		{"a#1", Meta{ID: "a", HTTPAddr: "127.0.0.1:8080"}, true},
+		{"a#1", Meta{ID: "a", HTTPAddr: "node-a.example:80"}, true},
+		{"a#1", Meta{ID: "a", HTTPAddr: "[::1]:8080"}, true},
+		{"a#1", Meta{ID: "b", HTTPAddr: "127.0.0.1:8080"}, false}, // claims another id
+		{"a", Meta{ID: "a", HTTPAddr: "127.0.0.1:8080"}, false},   // name without incarnation
+		{"a#1", Meta{ID: "", HTTPAddr: "127.0.0.1:8080"}, false},
+		{"a#1", Meta{ID: "a", HTTPAddr: "10.0.0.5:80/admin?x="}, false},
+		{"a#1", Meta{ID: "a", HTTPAddr: "user@10.0.0.5:80"}, false},
+		{"a#1", Meta{ID: "a", HTTPAddr: "http://10.0.0.5:80"}, false},
+		{"a#1", Meta{ID: "a", HTTPAddr: "10.0.0.5"}, false},
+		{"a#1", Meta{ID: "a", HTTPAddr: "10.0.0.5:0"}, false},
+		{"a#1", Meta{ID: "a", HTTPAddr: "10.0.0.5:080"}, false},
+		{"a#1", Meta{ID: "a", HTTPAddr: ":80"}, false},
+	} {
+		if err := tc.meta.Validate(tc.name); (err == nil) != tc.ok {
+			t.Errorf("Meta{ID: %q, HTTPAddr: %q}.Validate(%q) = %v, want ok %v", tc.meta.ID, tc.meta.HTTPAddr, tc.name, err, tc.ok)
+		}
+	}
+}
+
+// A member whose metadata lies (another id, an address with a path) is listed as invalid,
+// so the node never routes to it; dead members are forgotten after ForgetAfter.
+func TestInvalidMetaAndPruning(t *testing.T) {
+	a, _ := start(t, "a", nil, nil)
+	cfg := DefaultConfig()
+	cfg.ID, cfg.BindAddr, cfg.BindPort, cfg.Join = "liar", "127.0.0.1", 0, []string{a.Addr()}
+	liar, err := New(cfg, Meta{ID: "a", HTTPAddr: "10.0.0.5:80/admin?x="})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- liar.Run(ctx) }()
+	var got Member
+	poll.Until(t, 15*time.Second, "a sees the liar", func() bool {
+		for _, m := range a.Members() {
+			if strings.HasPrefix(m.Name, "liar#") {
+				got = m
+				return true
+			}
+		}
+		return false
+	})
+	if got.Invalid == "" || !strings.Contains(got.Invalid, "does not match") {
+		t.Errorf("liar's metadata accepted: %+v", got)
+	}
+	cancel()
+	<-done
+	poll.Until(t, 15*time.Second, "a sees the liar leave", func() bool {
+		for _, m := range a.Members() {
+			if strings.HasPrefix(m.Name, "liar#") {
+				return m.State == Left
+			}
+		}
+		return true
+	})
+	a.prune(time.Now().Add(a.cfg.ForgetAfter))
+	for _, m := range a.Members() {
+		if strings.HasPrefix(m.Name, "liar#") {
+			t.Errorf("a still lists the departed liar after ForgetAfter: %+v", m)
+		}
 	}
 }

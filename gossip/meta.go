@@ -2,7 +2,12 @@ package gossip
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
 
 	"github.com/hashicorp/memberlist"
 )
@@ -19,6 +24,7 @@ type Meta struct {
 	FreeKV      int    `json:"kvfree,omitempty"`
 	QueueCap    int    `json:"qcap,omitempty"` // waiting requests the node accepts before refusing
 	Leaving     bool   `json:"leaving,omitempty"`
+	Hop         []int  `json:"hop,omitempty"` // major versions of the hop protocol the node speaks
 }
 
 // Full reports whether the node's gossiped load says it would refuse a new request.
@@ -42,3 +48,37 @@ func DecodeMeta(b []byte) (Meta, error) {
 	err := json.Unmarshal(b, &m)
 	return m, err
 }
+
+// Validate checks metadata received from the network before it can steer traffic: the id
+// must be the one in the member's gossip name (ID#incarnation), and the HTTP address a
+// plain host:port, with no scheme, path, query or user info that could turn a URL built
+// from it into another.
+func (m Meta) Validate(name string) error {
+	id, _, ok := strings.Cut(name, "#")
+	switch {
+	case m.ID == "":
+		return errors.New("metadata has no id")
+	case !ok || id != m.ID:
+		return fmt.Errorf("metadata id %q does not match member name %q", m.ID, name)
+	}
+	return ValidateHostPort(m.HTTPAddr)
+}
+
+// ValidateHostPort accepts host:port and nothing else: a host name or IP address and a port
+// in 1-65535.
+func ValidateHostPort(addr string) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("address %q is not host:port: %w", addr, err)
+	}
+	if host == "" || strings.ContainsAny(host, "/?#@%\\ \t\r\n") {
+		return fmt.Errorf("address %q: bad host", addr)
+	}
+	if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 || strconv.Itoa(p) != port {
+		return fmt.Errorf("address %q: bad port", addr)
+	}
+	return nil
+}
+
+// Speaks reports whether the node speaks major version v of the hop protocol.
+func (m Meta) Speaks(v int) bool { return slices.Contains(m.Hop, v) }

@@ -21,9 +21,10 @@ type Config struct {
 	ModelName string
 	// APIKey, if set, must be presented as "Authorization: Bearer KEY" on /v1/*.
 	APIKey string
-	// ProtectOps also requires the API key on /metrics (health probes stay open: peers
-	// and orchestrators must reach them). Default false.
-	ProtectOps bool
+	// MetricsOpen serves /metrics without the API key (Prometheus scrapers often carry
+	// none). Health probes are always open: peers and orchestrators must reach them.
+	// Default false: with an API key set, /metrics requires it.
+	MetricsOpen bool
 	// MaxBodyBytes refuses larger request bodies with 413. Default 4 MiB.
 	MaxBodyBytes int
 	// MaxTokens is the largest max_tokens a request may ask for. Default 8192.

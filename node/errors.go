@@ -9,7 +9,8 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/infernode/infernode/session"
+	"github.com/infernode/infernode/node/routing"
+	"github.com/infernode/infernode/session/infer"
 )
 
 // apiError is an error as an OpenAI-compatible client sees it: a status and
@@ -68,34 +69,52 @@ func methodNotAllowed(allow string) *apiError {
 // place that decides statuses for errors.
 func toAPIError(err error) *apiError {
 	var ae *apiError
-	var invalid *session.InvalidError
-	var tooLong *session.PromptTooLongError
+	var invalid *infer.InvalidError
+	var tooLong *infer.PromptTooLongError
+	var hop *routing.Error
 	switch {
 	case errors.As(err, &ae):
 		return ae
+	case errors.As(err, &hop):
+		return &apiError{Status: hop.Status, Message: hop.Message, Type: hop.Type, Param: hop.Param, Code: hop.Code,
+			RetryAfter: hop.RetryAfter}
+	case errors.Is(err, routing.ErrUnauthorized):
+		e := *errUnauthorized
+		e.Message = err.Error()
+		return &e
+	case errors.Is(err, routing.ErrVersion):
+		e := badRequest("", "%s", err.Error())
+		e.Code = "hop_version"
+		return e
 	case errors.As(err, &tooLong):
 		e := badRequest("messages", "%s", tooLong.Error())
 		e.Code = "context_length_exceeded"
 		return e
 	case errors.As(err, &invalid):
 		return badRequest(invalid.Param, "%s", invalid.Error())
-	case errors.Is(err, session.ErrInvalid):
+	case errors.Is(err, infer.ErrInvalid):
 		return badRequest("", "%s", err.Error())
-	case errors.Is(err, session.ErrOverloaded):
+	case errors.Is(err, infer.ErrOverloaded):
 		return &apiError{Status: fasthttp.StatusServiceUnavailable, Type: "server_error", Code: "overloaded",
 			Message: err.Error(), RetryAfter: 1}
-	case errors.Is(err, session.ErrClosed):
+	case errors.Is(err, infer.ErrClosed):
 		return errNotReady
 	case errors.Is(err, context.DeadlineExceeded):
 		return &apiError{Status: fasthttp.StatusGatewayTimeout, Type: "server_error", Code: "timeout",
 			Message: "request deadline exceeded"}
-	case errors.Is(err, session.ErrCanceled):
+	case errors.Is(err, infer.ErrCanceled):
 		// Nobody is listening; 499 (client closed request) is for logs and metrics.
 		return &apiError{Status: 499, Type: "server_error", Code: "canceled", Message: err.Error()}
 	default:
 		return &apiError{Status: fasthttp.StatusInternalServerError, Type: "server_error", Code: "internal_error",
 			Message: err.Error()}
 	}
+}
+
+// hopError is err as it crosses the hop back to the entry node.
+func hopError(err error) *routing.Error {
+	e := toAPIError(err)
+	return &routing.Error{Status: e.Status, Message: e.Message, Type: e.Type, Param: e.Param, Code: e.Code, RetryAfter: e.RetryAfter}
 }
 
 // errorBody is the JSON of an error response or SSE error event.

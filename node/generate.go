@@ -15,7 +15,8 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/infernode/infernode/session"
+	"github.com/infernode/infernode/node/routing"
+	"github.com/infernode/infernode/session/infer"
 )
 
 // Errors recorded as a request context's cancellation cause.
@@ -33,7 +34,7 @@ type completion struct {
 	model        string
 	stream       bool
 	includeUsage bool
-	req          session.Request
+	req          infer.Request
 	start        time.Time
 }
 
@@ -44,30 +45,28 @@ func (s *Server) handleCompletion(ctx *fasthttp.RequestCtx, chat bool) {
 		writeError(ctx, err)
 		return
 	}
-	s.generate(ctx, c, s.engine)
+	s.generate(ctx, c, s.submit)
 }
 
 // handleInternal serves a request forwarded by a peer: always here, never forwarded again
-// (one hop at most, however the rings disagree).
+// (one hop at most, however the rings disagree). It passes the same checks as a client's.
 func (s *Server) handleInternal(ctx *fasthttp.RequestCtx) {
-	body := ctx.PostBody()
-	switch {
-	case s.cluster == nil:
+	if s.router == nil {
 		writeError(ctx, errNotFound)
 		return
-	case s.cluster.cfg.Secret != "" && !s.cluster.verify(body, string(ctx.Request.Header.Peek(signatureHeader))):
-		writeError(ctx, errUnauthorized)
-		return
-	case s.cluster.cfg.Secret == "" && !s.authorized(ctx):
-		writeError(ctx, errUnauthorized)
-		return
 	}
-	c := &completion{internal: true, endpoint: internalPath, stream: true, start: time.Now(), model: s.cfg.ModelName}
-	if err := decodeJSON(body, &c.req); err != nil {
+	hop, err := s.router.Accept(routing.Inbound{Method: string(ctx.Method()), Path: string(ctx.Path()), Body: ctx.PostBody(),
+		Header: func(name string) string { return string(ctx.Request.Header.Peek(name)) }})
+	if err != nil {
 		writeError(ctx, err)
 		return
 	}
-	s.generate(ctx, c, s.local)
+	c := &completion{internal: true, endpoint: routing.Path, stream: true, start: time.Now(), model: s.cfg.ModelName, req: hop.Engine()}
+	if err := s.check(hop.Model, c.req); err != nil {
+		writeError(ctx, err)
+		return
+	}
+	s.generate(ctx, c, s.engine.Submit)
 }
 
 func (s *Server) parseCompletion(ctx *fasthttp.RequestCtx, chat bool) (*completion, error) {
@@ -99,6 +98,8 @@ func (s *Server) parseCompletion(ctx *fasthttp.RequestCtx, chat bool) (*completi
 		switch {
 		case !r.Prompt.Set || r.Prompt.Text == "":
 			return nil, badRequest("prompt", "prompt must be a non-empty string")
+		case strings.ContainsRune(r.Prompt.Text, 0):
+			return nil, badRequest("prompt", "prompt contains a NUL byte")
 		case r.Echo != nil && *r.Echo:
 			return nil, unsupported("echo")
 		case r.Suffix != nil && *r.Suffix != "":
@@ -109,15 +110,20 @@ func (s *Server) parseCompletion(ctx *fasthttp.RequestCtx, chat bool) (*completi
 		prompt = r.Prompt.Text
 		p, opening, c.endpoint, c.id = &r.params, promptOpening(prompt), "/v1/completions", "cmpl-"+randomID()
 	}
-	if p.Model != "" && p.Model != s.cfg.ModelName {
-		return nil, s.unknownModel(p.Model)
-	}
-	req, err := p.sessionRequest(s.cfg.MaxTokens)
+	req, err := p.sessionRequest()
 	if err != nil {
 		return nil, err
 	}
 	req.Prompt = prompt
-	if req.SessionID, err = sessionKey(string(ctx.Request.Header.Peek("X-Session-ID")), p.SessionID, s.cfg.ModelName, opening); err != nil {
+	if req.SessionID, err = sessionKey(string(ctx.Request.Header.Peek("X-Session-ID")), p.SessionID, s.cfg.ModelName,
+		principal(s.cfg.APIKey, p.User), opening); err != nil {
+		return nil, err
+	}
+	model := p.Model
+	if model == "" {
+		model = s.cfg.ModelName
+	}
+	if err := s.check(model, req); err != nil {
 		return nil, err
 	}
 	c.req, c.model, c.stream = req, s.cfg.ModelName, p.Stream
@@ -133,9 +139,23 @@ func jsonContentType(ct []byte) bool {
 	return strings.EqualFold(string(bytes.TrimSpace(mt)), "application/json")
 }
 
-// generate runs c on the engine and answers, streaming or not. The request is canceled
+// check is what every request must pass, a client's or a peer's: the model served here,
+// limits on its size, and the engine's own parameter ranges.
+func (s *Server) check(model string, req infer.Request) error {
+	switch {
+	case model != s.cfg.ModelName:
+		return s.unknownModel(model)
+	case req.MaxTokens < 0 || req.MaxTokens > s.cfg.MaxTokens:
+		return badRequest("max_tokens", "max_tokens must be in [1, %d], got %d", s.cfg.MaxTokens, req.MaxTokens)
+	case len(req.SessionID) > maxKeyLen:
+		return badRequest("session_id", "conversation key is longer than %d bytes", maxKeyLen)
+	}
+	return req.Validate()
+}
+
+// generate runs c through submit and answers, streaming or not. The request is canceled
 // when its client disconnects, falls behind, or the deadline passes.
-func (s *Server) generate(ctx *fasthttp.RequestCtx, c *completion, engine Engine) {
+func (s *Server) generate(ctx *fasthttp.RequestCtx, c *completion, submit submitFunc) {
 	if ok, _ := s.ready(); !ok || !s.begin() {
 		writeError(ctx, errNotReady)
 		return
@@ -160,7 +180,7 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, c *completion, engine Engine
 		s.end()
 	}
 
-	st, err := engine.Submit(reqCtx, c.req)
+	st, err := submit(reqCtx, c.req)
 	if err != nil {
 		done()
 		writeError(ctx, err)
@@ -174,7 +194,7 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, c *completion, engine Engine
 			return
 		}
 		s.setGenerationHeaders(ctx, st)
-		if r, ok := st.(interface{ Resumes() int }); ok && r.Resumes() > 0 {
+		if r, ok := st.(routing.Resumer); ok && r.Resumes() > 0 {
 			ctx.Response.Header.Set("X-Infernode-Resumed", strconv.Itoa(r.Resumes()))
 		}
 		writeJSON(ctx, fasthttp.StatusOK, c.response(text, res))
@@ -204,11 +224,13 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, c *completion, engine Engine
 	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
 		defer done()
 		sse := &sseWriter{w: w, conn: conn, timeout: s.cfg.WriteTimeout, sse: !c.internal}
-		write := s.stream
+		var werr error
 		if c.internal {
-			write = s.streamWire
+			werr = routing.WriteAnswer(sse.data, st, first, err, hopError)
+		} else {
+			werr = s.stream(sse, st, c, first, err)
 		}
-		if err := write(sse, st, c, first, err); err != nil {
+		if err := werr; err != nil {
 			if errors.Is(err, errWriteTimeout) {
 				cancel(errWriteTimeout)
 			} else {
@@ -220,7 +242,7 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, c *completion, engine Engine
 }
 
 // collect reads a whole answer, observing latency metrics.
-func (s *Server) collect(st Stream, c *completion) (string, session.Result, error) {
+func (s *Server) collect(st infer.Stream, c *completion) (string, infer.Result, error) {
 	var text []byte
 	last := time.Time{}
 	for {
@@ -249,7 +271,7 @@ func (s *Server) observePiece(c *completion, last *time.Time) {
 // stream writes an SSE answer: the first piece, every later one, then the final chunk
 // (and usage) and [DONE]; or an error event if generation failed. It returns a write error
 // when the client is gone or too slow.
-func (s *Server) stream(sse *sseWriter, st Stream, c *completion, first string, firstErr error) error {
+func (s *Server) stream(sse *sseWriter, st infer.Stream, c *completion, first string, firstErr error) error {
 	if c.chat {
 		if err := sse.event(c.chunk("", true, nil)); err != nil {
 			return err
@@ -261,7 +283,7 @@ func (s *Server) stream(sse *sseWriter, st Stream, c *completion, first string, 
 	for {
 		// A resume is marked with an SSE comment, which OpenAI clients ignore, so test
 		// harnesses can tell a resumed answer from an uninterrupted one.
-		if r, ok := st.(interface{ Resumes() int }); ok && r.Resumes() > resumes {
+		if r, ok := st.(routing.Resumer); ok && r.Resumes() > resumes {
 			resumes = r.Resumes()
 			if err := sse.comment("infernode-resumed " + strconv.Itoa(resumes)); err != nil {
 				return err
@@ -299,35 +321,12 @@ func (s *Server) stream(sse *sseWriter, st Stream, c *completion, first string, 
 	return sse.data([]byte("[DONE]"))
 }
 
-// streamWire writes an answer in the internal wire format (one JSON object a line) for
-// the peer that forwarded the request.
-func (s *Server) streamWire(w *sseWriter, st Stream, c *completion, first string, firstErr error) error {
-	piece, err := first, firstErr
-	for {
-		if piece != "" {
-			if err := w.event(wireEvent{Text: piece, Tokens: st.Tokens()}); err != nil {
-				return err
-			}
-		}
-		if err != nil {
-			break
-		}
-		piece, err = st.Recv()
-	}
-	res := st.Result()
-	if res.Err != nil {
-		e := toAPIError(res.Err)
-		return w.event(wireEvent{Error: e, Status: e.Status})
-	}
-	return w.event(wireEvent{Done: &wireDone{FinishReason: res.FinishReason, PromptTokens: res.PromptTokens,
-		CachedTokens: res.CachedTokens, CompletionTokens: res.CompletionTokens}})
-}
-
-func (s *Server) setGenerationHeaders(ctx *fasthttp.RequestCtx, st Stream) {
-	_, cached, _ := st.Admitted()
-	ctx.Response.Header.Set(cachedHeader, strconv.Itoa(cached))
-	if n, ok := st.(interface{ Node() string }); ok {
-		ctx.Response.Header.Set(nodeHeader, n.Node())
+func (s *Server) setGenerationHeaders(ctx *fasthttp.RequestCtx, st infer.Stream) {
+	prompt, cached, _ := st.Admitted()
+	ctx.Response.Header.Set(routing.PromptHeader, strconv.Itoa(prompt))
+	ctx.Response.Header.Set(routing.CachedHeader, strconv.Itoa(cached))
+	if n, ok := st.(routing.Server); ok {
+		ctx.Response.Header.Set(routing.NodeHeader, n.Node())
 	}
 }
 

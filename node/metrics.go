@@ -6,7 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
-	"github.com/infernode/infernode/session"
+	"github.com/infernode/infernode/session/infer"
 )
 
 // metrics are a node's Prometheus metrics, on a registry of their own (no global state:
@@ -27,7 +27,7 @@ const (
 	causeShutdown     = "shutdown"
 )
 
-func newMetrics(stats func() session.Stats) *metrics {
+func newMetrics(stats func() infer.Stats) *metrics {
 	m := &metrics{
 		reg: prometheus.NewRegistry(),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -48,27 +48,27 @@ func newMetrics(stats func() session.Stats) *metrics {
 	for _, cause := range []string{causeClientGone, causeWriteTimeout, causeDeadline, causeShutdown} {
 		m.cancellations.WithLabelValues(cause)
 	}
-	gauge := func(name, help string, f func(session.Stats) float64) prometheus.Collector {
+	gauge := func(name, help string, f func(infer.Stats) float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 { return f(stats()) })
 	}
-	counter := func(name, help string, f func(session.Stats) float64) prometheus.Collector {
+	counter := func(name, help string, f func(infer.Stats) float64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return f(stats()) })
 	}
 	m.reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.requests, m.ttft, m.itl, m.cancellations,
-		gauge("infernode_running_sequences", "Requests being prefilled or decoded.", func(s session.Stats) float64 { return float64(s.Running) }),
-		gauge("infernode_waiting_requests", "Requests queued for a sequence.", func(s session.Stats) float64 { return float64(s.Waiting) }),
-		gauge("infernode_cached_conversations", "Idle conversations holding KV cells.", func(s session.Stats) float64 { return float64(s.Conversations) }),
-		gauge("infernode_kv_cells_used", "KV cache cells holding tokens.", func(s session.Stats) float64 { return float64(s.KVUsed) }),
-		gauge("infernode_kv_cells_total", "KV cache cells.", func(s session.Stats) float64 { return float64(s.KVCells) }),
-		counter("infernode_prompt_tokens_total", "Prompt tokens of admitted requests.", func(s session.Stats) float64 { return float64(s.PromptTokens) }),
-		counter("infernode_reused_prefix_tokens_total", "Prompt tokens served from a conversation's KV cache instead of prefilled.", func(s session.Stats) float64 { return float64(s.ReusedTokens) }),
-		counter("infernode_generated_tokens_total", "Generated tokens.", func(s session.Stats) float64 { return float64(s.Generated) }),
-		counter("infernode_evictions_total", "Idle conversations evicted to make room.", func(s session.Stats) float64 { return float64(s.Evictions) }),
-		counter("infernode_engine_refused_total", "Requests the engine refused as overloaded.", func(s session.Stats) float64 { return float64(s.Refused) }),
-		counter("infernode_decode_steps_total", "Engine steps (llama_decode calls).", func(s session.Stats) float64 { return float64(s.Steps) }),
+		gauge("infernode_running_sequences", "Requests being prefilled or decoded.", func(s infer.Stats) float64 { return float64(s.Running) }),
+		gauge("infernode_waiting_requests", "Requests queued for a sequence.", func(s infer.Stats) float64 { return float64(s.Waiting) }),
+		gauge("infernode_cached_conversations", "Idle conversations holding KV cells.", func(s infer.Stats) float64 { return float64(s.Conversations) }),
+		gauge("infernode_kv_cells_used", "KV cache cells holding tokens.", func(s infer.Stats) float64 { return float64(s.KVUsed) }),
+		gauge("infernode_kv_cells_total", "KV cache cells.", func(s infer.Stats) float64 { return float64(s.KVCells) }),
+		counter("infernode_prompt_tokens_total", "Prompt tokens of admitted requests.", func(s infer.Stats) float64 { return float64(s.PromptTokens) }),
+		counter("infernode_reused_prefix_tokens_total", "Prompt tokens served from a conversation's KV cache instead of prefilled.", func(s infer.Stats) float64 { return float64(s.ReusedTokens) }),
+		counter("infernode_generated_tokens_total", "Generated tokens.", func(s infer.Stats) float64 { return float64(s.Generated) }),
+		counter("infernode_evictions_total", "Idle conversations evicted to make room.", func(s infer.Stats) float64 { return float64(s.Evictions) }),
+		counter("infernode_engine_refused_total", "Requests the engine refused as overloaded.", func(s infer.Stats) float64 { return float64(s.Refused) }),
+		counter("infernode_decode_steps_total", "Engine steps (llama_decode calls).", func(s infer.Stats) float64 { return float64(s.Steps) }),
 	)
 	return m
 }

@@ -1,3 +1,7 @@
+//go:build cgo
+
+// Tests of the HTTP API with the real engine (cgo): fake-engine tests are in cluster_test.go.
+
 package node
 
 import (
@@ -21,6 +25,7 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
+	"github.com/infernode/infernode/internal/poll"
 	"github.com/infernode/infernode/session"
 )
 
@@ -55,7 +60,7 @@ func startNode(t *testing.T, edit func(*Config, *session.Config)) *testNode {
 	if err != nil {
 		t.Fatal(err)
 	}
-	local := &LocalEngine{}
+	local := &session.Handle{}
 	local.Set(e)
 	srv, err := New(nc, local, nil)
 	if err != nil {
@@ -76,7 +81,7 @@ func startNode(t *testing.T, edit func(*Config, *session.Config)) *testNode {
 		e.Close()
 	})
 	n := &testNode{url: "http://" + ln.Addr().String(), addr: ln.Addr().String(), engine: e, srv: srv}
-	waitFor(t, "node ready", func() bool {
+	poll.Until(t, 10*time.Second, "node ready", func() bool {
 		resp, err := http.Get(n.url + "/readyz")
 		if err != nil {
 			return false
@@ -85,17 +90,6 @@ func startNode(t *testing.T, edit func(*Config, *session.Config)) *testNode {
 		return resp.StatusCode == 200
 	})
 	return n
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 func post(t *testing.T, url, body string, header ...string) (*http.Response, []byte) {
@@ -328,7 +322,7 @@ func TestClientDisconnect(t *testing.T) {
 		}
 		conn := rawRequest(t, n.addr, body, 0)
 		if prefill {
-			waitFor(t, "admission", func() bool { return n.engine.Stats().Running == 1 })
+			poll.Until(t, 10*time.Second, "admission", func() bool { return n.engine.Stats().Running == 1 })
 		} else {
 			br := bufio.NewReader(conn)
 			for line := ""; !strings.HasPrefix(line, "data:"); {
@@ -340,7 +334,7 @@ func TestClientDisconnect(t *testing.T) {
 		}
 		closedAt := time.Now()
 		conn.Close()
-		waitFor(t, "sequence freed", func() bool { return n.engine.Stats().Running == 0 })
+		poll.Until(t, 10*time.Second, "sequence freed", func() bool { return n.engine.Stats().Running == 0 })
 		if d := time.Since(closedAt); d > time.Second {
 			t.Errorf("repetition %d: sequence freed %v after disconnect, want under 1s", i, d)
 		}
@@ -353,7 +347,7 @@ func TestClientDisconnect(t *testing.T) {
 	if st.Running != 0 || st.Conversations > 2 || st.KVUsed > 1100+2*200 {
 		t.Errorf("after 50 disconnects: %+v", st)
 	}
-	waitFor(t, "goroutines back to baseline", func() bool { return runtime.NumGoroutine() <= goroutines+5 })
+	poll.Until(t, 10*time.Second, "goroutines back to baseline", func() bool { return runtime.NumGoroutine() <= goroutines+5 })
 	resp, _ := post(t, n.url+"/v1/completions", `{"prompt":"the sea","max_tokens":4}`)
 	if resp.StatusCode != 200 {
 		t.Errorf("good request after disconnects: %d", resp.StatusCode)
@@ -426,12 +420,12 @@ func TestSlowReaderCutOff(t *testing.T) {
 	// A client that reads nothing, with a tiny receive buffer.
 	slow := rawRequest(t, n.addr, `{"prompt":"the long story","max_tokens":8000,"stream":true,"temperature":0}`, 4096)
 	defer slow.Close()
-	waitFor(t, "slow stream running", func() bool { return n.engine.Stats().Running == 1 })
+	poll.Until(t, 10*time.Second, "slow stream running", func() bool { return n.engine.Stats().Running == 1 })
 	normal := median(streamITL(t, n.url, 300))
-	waitFor(t, "slow client cut off", func() bool {
+	poll.Until(t, 10*time.Second, "slow client cut off", func() bool {
 		return strings.Contains(getMetrics(t, n), `infernode_cancellations_total{cause="write_timeout"} 1`)
 	})
-	waitFor(t, "no running sequences", func() bool { return n.engine.Stats().Running == 0 })
+	poll.Until(t, 10*time.Second, "no running sequences", func() bool { return n.engine.Stats().Running == 0 })
 	if normal > 2*solo+time.Millisecond {
 		t.Errorf("normal client's median inter-token gap %v beside a stuck client, %v alone: more than 2x", normal, solo)
 	}

@@ -8,7 +8,7 @@ import (
 	"io"
 	"strings"
 
-	"github.com/infernode/infernode/session"
+	"github.com/infernode/infernode/session/infer"
 )
 
 // This file is the OpenAI request schema as infernode accepts it. Decoding is strict: a
@@ -191,9 +191,10 @@ func decodeJSON(body []byte, v any) error {
 	}
 }
 
-// sessionRequest checks the shared fields and builds the engine request (without prompt).
-func (p *params) sessionRequest(maxTokensLimit int) (session.Request, error) {
-	req := session.Request{Sampling: session.DefaultSampling()}
+// sessionRequest checks the shared fields and builds the engine request (without prompt);
+// Server.check applies the limits every request shares.
+func (p *params) sessionRequest() (infer.Request, error) {
+	req := infer.Request{Sampling: infer.DefaultSampling()}
 	if err := p.refuseUnsupported(); err != nil {
 		return req, err
 	}
@@ -205,8 +206,8 @@ func (p *params) sessionRequest(maxTokensLimit int) (session.Request, error) {
 		maxTokens, param = p.MaxCompletionTokens, "max_completion_tokens"
 	}
 	if maxTokens != nil {
-		if *maxTokens < 1 || *maxTokens > maxTokensLimit {
-			return req, badRequest(param, "%s must be in [1, %d], got %d", param, maxTokensLimit, *maxTokens)
+		if *maxTokens < 1 {
+			return req, badRequest(param, "%s must be at least 1, got %d", param, *maxTokens)
 		}
 		req.MaxTokens = *maxTokens
 	}
@@ -253,11 +254,11 @@ func (p *params) refuseUnsupported() error {
 }
 
 // chatMessages checks roles and content and returns the conversation for the template.
-func (r *chatRequest) chatMessages() ([]session.Message, error) {
+func (r *chatRequest) chatMessages() ([]infer.Message, error) {
 	if len(r.Messages) == 0 {
 		return nil, badRequest("messages", "messages must not be empty")
 	}
-	out := make([]session.Message, 0, len(r.Messages))
+	out := make([]infer.Message, 0, len(r.Messages))
 	for i, m := range r.Messages {
 		role := m.Role
 		switch role {
@@ -273,7 +274,10 @@ func (r *chatRequest) chatMessages() ([]session.Message, error) {
 		if m.Content.Null && role != "assistant" {
 			return nil, badRequest(fmt.Sprintf("messages[%d].content", i), "message %d (%s) has no content", i, role)
 		}
-		out = append(out, session.Message{Role: role, Content: m.Content.Text})
+		if strings.ContainsRune(m.Content.Text, 0) {
+			return nil, badRequest(fmt.Sprintf("messages[%d].content", i), "message %d contains a NUL byte", i)
+		}
+		out = append(out, infer.Message{Role: role, Content: m.Content.Text})
 	}
 	return out, nil
 }

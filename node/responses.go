@@ -1,6 +1,6 @@
 package node
 
-import "github.com/infernode/infernode/session"
+import "github.com/infernode/infernode/session/infer"
 
 // OpenAI response objects. Field order and names follow OpenAI's API reference.
 
@@ -15,7 +15,7 @@ type promptDetails struct {
 	CachedTokens int `json:"cached_tokens"`
 }
 
-func usageOf(r session.Result) usage {
+func usageOf(r infer.Result) usage {
 	return usage{PromptTokens: r.PromptTokens, CompletionTokens: r.CompletionTokens,
 		TotalTokens: r.PromptTokens + r.CompletionTokens, PromptTokensDetails: promptDetails{r.CachedTokens}}
 }
@@ -53,7 +53,7 @@ func (c *completion) object(kind string) completionObject {
 }
 
 // response is the non-streaming answer.
-func (c *completion) response(text string, res session.Result) completionObject {
+func (c *completion) response(text string, res infer.Result) completionObject {
 	finish := res.FinishReason
 	ch := choice{FinishReason: &finish}
 	kind := "text_completion"
@@ -88,7 +88,7 @@ func (c *completion) chunk(text string, role bool, finish *string) completionObj
 }
 
 // usageChunk is the extra last chunk stream_options.include_usage asks for.
-func (c *completion) usageChunk(res session.Result) completionObject {
+func (c *completion) usageChunk(res infer.Result) completionObject {
 	kind := "text_completion"
 	if c.chat {
 		kind = "chat.completion.chunk"

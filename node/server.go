@@ -10,85 +10,34 @@ import (
 	"log/slog"
 	"net"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttpadaptor"
 
-	"github.com/infernode/infernode/session"
+	"github.com/infernode/infernode/node/routing"
+	"github.com/infernode/infernode/session/infer"
 )
 
-// Engine is what a node needs of the inference engine. Local adapts *session.Engine;
-// tests use fakes. Implementations must be safe for concurrent use.
+// Engine is what a node needs of the inference engine: *session.Handle in a real node,
+// fakes in tests. Implementations must be safe for concurrent use.
 type Engine interface {
 	// Submit starts a generation; see session.Engine.Submit.
-	Submit(ctx context.Context, req session.Request) (Stream, error)
+	Submit(ctx context.Context, req infer.Request) (infer.Stream, error)
 	// ChatPrompt formats a conversation with the model's chat template.
-	ChatPrompt(msgs []session.Message) (string, error)
-	Stats() session.Stats
+	ChatPrompt(msgs []infer.Message) (string, error)
+	Stats() infer.Stats
 	Ready() bool
-}
-
-// Stream is one generation's output; see session.Stream.
-type Stream interface {
-	Recv() (string, error)
-	Result() session.Result
-	Admitted() (promptTokens, cachedTokens int, ok bool)
-	// Tokens is how many tokens have been generated so far.
-	Tokens() int
-}
-
-// LocalEngine adapts the session engine to Engine. It may be handed to a Server before the
-// model has loaded: until Set, it is not ready and refuses requests with
-// session.ErrClosed (503 not ready).
-type LocalEngine struct {
-	e atomic.Pointer[session.Engine]
-}
-
-// Set makes e the engine that serves requests.
-func (l *LocalEngine) Set(e *session.Engine) { l.e.Store(e) }
-
-func (l *LocalEngine) Submit(ctx context.Context, req session.Request) (Stream, error) {
-	e := l.e.Load()
-	if e == nil {
-		return nil, session.ErrClosed
-	}
-	s, err := e.Submit(ctx, req)
-	if err != nil {
-		return nil, err
-	}
-	return s, nil
-}
-
-func (l *LocalEngine) ChatPrompt(msgs []session.Message) (string, error) {
-	e := l.e.Load()
-	if e == nil {
-		return "", session.ErrClosed
-	}
-	return e.ChatPrompt(msgs)
-}
-
-func (l *LocalEngine) Stats() session.Stats {
-	if e := l.e.Load(); e != nil {
-		return e.Stats()
-	}
-	return session.Stats{}
-}
-
-func (l *LocalEngine) Ready() bool {
-	e := l.e.Load()
-	return e != nil && e.Ready()
 }
 
 // Server serves the HTTP API of one node.
 type Server struct {
 	cfg     Config
 	log     *slog.Logger
-	engine  Engine   // serves client requests: the router when clustered
-	local   Engine   // serves forwarded requests
-	cluster *Cluster // nil for a standalone node
+	engine  Engine          // the local engine
+	submit  submitFunc      // serves client requests: the router's Submit when clustered
+	router  *routing.Router // nil for a standalone node
 	metrics *metrics
 	http    *fasthttp.Server
 	promh   fasthttp.RequestHandler
@@ -107,10 +56,13 @@ type Server struct {
 	closeOnce sync.Once
 }
 
-// New builds a server in front of engine. With a cluster, client requests are routed to
+// submitFunc starts a generation somewhere: on the local engine, or on its owner.
+type submitFunc func(ctx context.Context, req infer.Request) (infer.Stream, error)
+
+// New builds a server in front of engine. With a router, client requests are routed to
 // their conversation's owner and forwarded requests from peers are served by engine. It
-// starts nothing: Run serves (and the caller runs the cluster).
-func New(cfg Config, engine Engine, cluster *Cluster) (*Server, error) {
+// starts nothing: Run serves (and the caller runs the router).
+func New(cfg Config, engine Engine, router *routing.Router) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("node config: %w", err)
 	}
@@ -125,15 +77,15 @@ func New(cfg Config, engine Engine, cluster *Cluster) (*Server, error) {
 		cfg:     cfg,
 		log:     log.With("component", "node", "node", cfg.ID),
 		engine:  engine,
-		local:   engine,
-		cluster: cluster,
+		submit:  engine.Submit,
+		router:  router,
 		metrics: newMetrics(engine.Stats),
 		slots:   make(chan struct{}, cfg.MaxStreams),
 		created: time.Now().Unix(),
 	}
-	if cluster != nil {
-		s.engine = cluster.Engine()
-		s.metrics.reg.MustRegister(cluster.collectors()...)
+	if router != nil {
+		s.submit = router.Submit
+		s.metrics.reg.MustRegister(router.Collectors()...)
 	}
 	s.base, s.cancelBase = context.WithCancel(context.Background())
 	s.promh = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}))
@@ -247,10 +199,10 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		status = s.guard(ctx, false, fasthttp.MethodGet, func() { s.handleReady(ctx) })
 	case "/v1/cluster":
 		status = s.guard(ctx, true, fasthttp.MethodGet, func() { s.handleCluster(ctx) })
-	case internalPath:
+	case routing.Path:
 		status = s.guard(ctx, false, fasthttp.MethodPost, func() { s.handleInternal(ctx) })
 	case "/metrics":
-		status = s.guard(ctx, s.cfg.ProtectOps, fasthttp.MethodGet, func() { s.promh(ctx) })
+		status = s.guard(ctx, !s.cfg.MetricsOpen, fasthttp.MethodGet, func() { s.promh(ctx) })
 	default:
 		if len(path) > len("/v1/models/") && path[:len("/v1/models/")] == "/v1/models/" {
 			endpoint = "/v1/models/{id}"
@@ -260,8 +212,8 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 			status = writeError(ctx, errNotFound).Status
 		}
 	}
-	if len(ctx.Response.Header.Peek(nodeHeader)) == 0 {
-		ctx.Response.Header.Set(nodeHeader, s.cfg.ID)
+	if len(ctx.Response.Header.Peek(routing.NodeHeader)) == 0 {
+		ctx.Response.Header.Set(routing.NodeHeader, s.cfg.ID)
 	}
 	s.metrics.request(endpoint, status)
 }
@@ -303,10 +255,10 @@ func (s *Server) handleParseError(ctx *fasthttp.RequestCtx, err error) {
 // ready reports whether this node serves: model loaded and warmed, and (in a cluster)
 // gossip joined. It does not depend on being on anyone's ring: peers probe it to decide that.
 func (s *Server) ready() (bool, string) {
-	if s.cluster != nil {
-		return s.cluster.Ready()
+	if s.router != nil {
+		return s.router.Ready()
 	}
-	if !s.local.Ready() {
+	if !s.engine.Ready() {
 		return false, "model loading or engine stopped"
 	}
 	return true, ""
@@ -322,12 +274,12 @@ func (s *Server) handleReady(ctx *fasthttp.RequestCtx) {
 }
 
 func (s *Server) handleCluster(ctx *fasthttp.RequestCtx) {
-	if s.cluster == nil {
+	if s.router == nil {
 		writeError(ctx, &apiError{Status: fasthttp.StatusNotFound, Type: "invalid_request_error", Code: "not_clustered",
 			Message: "this node runs standalone (no --gossip-addr)"})
 		return
 	}
-	writeJSON(ctx, fasthttp.StatusOK, s.cluster.View())
+	writeJSON(ctx, fasthttp.StatusOK, s.router.View())
 }
 
 type modelObject struct {

@@ -9,7 +9,7 @@ type Health struct {
 	upAfter   int
 }
 
-// NewHealth starts in state up.
+// NewHealth starts up or down as told, with no streak.
 func NewHealth(up bool, downAfter, upAfter int) Health {
 	return Health{up: up, downAfter: downAfter, upAfter: upAfter}
 }

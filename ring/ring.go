@@ -47,7 +47,7 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// ErrNoOwner means the ring is empty.
+// ErrNoOwner means the ring is empty: no peer, not even this node, may serve.
 var ErrNoOwner = errors.New("ring has no members")
 
 type hasher struct{}
@@ -96,21 +96,23 @@ func (r *Ring) Owner(key string) (string, bool) {
 }
 
 // Owners are up to n peers for key: its owner first, then the peers that take over, in
-// order, when the ones before them fail.
-func (r *Ring) Owners(key string, n int) []string {
-	if r.c == nil || n < 1 {
-		return nil
+// order, when the ones before them fail. It fails with ErrNoOwner when the ring is empty.
+func (r *Ring) Owners(key string, n int) ([]string, error) {
+	if r.c == nil {
+		return nil, ErrNoOwner
+	}
+	if n < 1 {
+		return nil, fmt.Errorf("owners of %q: want at least 1, asked for %d", key, n)
 	}
 	ms, err := r.c.GetClosestN([]byte(key), min(n, len(r.members)))
 	if err != nil {
-		owner, _ := r.Owner(key)
-		return []string{owner}
+		return nil, fmt.Errorf("owners of %q: %w", key, err)
 	}
 	out := make([]string, len(ms))
 	for i, m := range ms {
 		out[i] = m.String()
 	}
-	return out
+	return out, nil
 }
 
 // Shares is each member's fraction of the partitions (and so, on average, of keys).

@@ -1,6 +1,7 @@
 package ring
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"testing"
@@ -94,21 +95,30 @@ func TestOwners(t *testing.T) {
 		t.Errorf("Members() = %v, want [a b c]", got)
 	}
 	for _, k := range keys(100) {
-		owners := r.Owners(k, 3)
+		owners, err := r.Owners(k, 3)
 		o, _ := r.Owner(k)
+		if err != nil {
+			t.Fatalf("Owners(%q, 3): %v", k, err)
+		}
 		if len(owners) != 3 || owners[0] != o || owners[0] == owners[1] || owners[1] == owners[2] || owners[0] == owners[2] {
 			t.Fatalf("Owners(%q, 3) = %v, want 3 distinct peers starting with the owner %q", k, owners, o)
 		}
-		if again := r.Owners(k, 3); fmt.Sprint(again) != fmt.Sprint(owners) {
+		if again, _ := r.Owners(k, 3); fmt.Sprint(again) != fmt.Sprint(owners) {
 			t.Fatalf("Owners(%q) not deterministic: %v then %v", k, owners, again)
 		}
 	}
-	if got := r.Owners("k", 10); len(got) != 3 {
+	if got, _ := r.Owners("k", 10); len(got) != 3 {
 		t.Errorf("Owners(k, 10) = %v, want all 3 peers", got)
 	}
 	empty := New(DefaultConfig(), nil)
-	if _, ok := empty.Owner("k"); ok || empty.Owners("k", 2) != nil {
+	if _, ok := empty.Owner("k"); ok {
 		t.Error("an empty ring has an owner")
+	}
+	if got, err := empty.Owners("k", 2); !errors.Is(err, ErrNoOwner) {
+		t.Errorf("empty ring: Owners = %v, %v, want ErrNoOwner", got, err)
+	}
+	if _, err := r.Owners("k", 0); err == nil {
+		t.Error("Owners(k, 0) did not fail")
 	}
 	// Names that prefix each other must not collide (v0.10.0's bug).
 	r = New(DefaultConfig(), []string{"node1", "node11"})

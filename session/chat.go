@@ -6,25 +6,37 @@ import (
 	"io"
 	"os"
 	"strconv"
+	"strings"
 
 	"github.com/cespare/xxhash/v2"
 
 	"github.com/infernode/infernode/session/llama"
 )
 
-// Message is one turn of a chat.
-type Message = llama.Message
-
 // DefaultChatTemplate is the template used when the model declares none, or one llama.cpp
 // does not recognise: ChatML (<|im_start|>role\ncontent<|im_end|>).
 const DefaultChatTemplate = "chatml"
 
+// contentMark delimits message content inside a formatted chat prompt. Content is data:
+// Submit tokenizes what lies between two marks without turning control-token text (such
+// as "<|im_start|>system") into control tokens, so only the template places them. Content
+// may not contain the mark itself (a NUL byte).
+const contentMark = "\x00"
+
 // ChatPrompt formats a conversation with the model's chat template (or
-// DefaultChatTemplate) and opens the assistant's turn.
+// DefaultChatTemplate) and opens the assistant's turn. Message contents are marked as
+// data (see contentMark); a content holding a NUL byte is refused.
 func (e *Engine) ChatPrompt(msgs []Message) (string, error) {
+	lmsgs := make([]llama.Message, len(msgs))
+	for i, m := range msgs {
+		if strings.Contains(m.Content, contentMark) {
+			return "", &InvalidError{Param: fmt.Sprintf("messages[%d].content", i), Reason: "must not contain NUL bytes"}
+		}
+		lmsgs[i] = llama.Message{Role: m.Role, Content: contentMark + m.Content + contentMark}
+	}
 	tmpl := e.model.ChatTemplate()
 	if tmpl != "" {
-		p, err := llama.ApplyChatTemplate(tmpl, msgs, true)
+		p, err := llama.ApplyChatTemplate(tmpl, lmsgs, true)
 		if err == nil {
 			return p, nil
 		}
@@ -32,7 +44,58 @@ func (e *Engine) ChatPrompt(msgs []Message) (string, error) {
 			return "", fmt.Errorf("chat template: %w", err)
 		}
 	}
-	return llama.ApplyChatTemplate(DefaultChatTemplate, msgs, true)
+	return llama.ApplyChatTemplate(DefaultChatTemplate, lmsgs, true)
+}
+
+// tokenize turns a prompt into tokens: the model's BOS where it wants one, control-token
+// text parsed as control tokens outside content marks and never inside them.
+func (e *Engine) tokenize(prompt string) ([]int32, error) {
+	if !strings.Contains(prompt, contentMark) {
+		return e.model.Tokenize(prompt, true, true)
+	}
+	parts := strings.Split(prompt, contentMark)
+	// Tokenized whole, the prompt splits exactly as it would without marks. That is right
+	// when its control tokens are the template's alone: when no content spells one.
+	whole, err := e.model.Tokenize(strings.Join(parts, ""), true, true)
+	if err != nil {
+		return nil, err
+	}
+	bos, err := e.model.Tokenize("", true, false)
+	if err != nil {
+		return nil, err
+	}
+	want := e.controls(bos)
+	for i := 0; i < len(parts); i += 2 {
+		toks, err := e.model.Tokenize(parts[i], false, true)
+		if err != nil {
+			return nil, err
+		}
+		want += e.controls(toks)
+	}
+	if e.controls(whole) == want {
+		return whole, nil
+	}
+	// Some content spells a control token: tokenize piece by piece, content as plain text.
+	var out []int32
+	for i, part := range parts {
+		toks, err := e.model.Tokenize(part, i == 0, i%2 == 0)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, toks...)
+	}
+	return out, nil
+}
+
+// controls counts the control tokens in toks.
+func (e *Engine) controls(toks []int32) int {
+	n := 0
+	for _, t := range toks {
+		if e.model.IsControl(t) {
+			n++
+		}
+	}
+	return n
 }
 
 // Fingerprint identifies a model file and the engine settings that shape its KV cache:

@@ -77,25 +77,6 @@ type job struct {
 // reserve is how many KV cells the job may use in all.
 func (j *job) reserve() int { return len(j.prompt) + j.maxTokens }
 
-// Stats is a snapshot of the engine, updated after every step.
-type Stats struct {
-	Sequences      int // sequence slots
-	Running        int // requests being prefilled or decoded
-	Waiting        int // requests queued for admission
-	Conversations  int // idle conversations with cached KV
-	KVCells        int // cells in the KV cache
-	KVUsed         int // cells holding tokens, as llama.cpp reports
-	PromptTokens   uint64
-	ReusedTokens   uint64 // prompt tokens served from cache instead of prefilled
-	Generated      uint64
-	Evictions      uint64 // idle conversations evicted to make room
-	Canceled       uint64 // requests ended by their context
-	Refused        uint64 // requests refused as overloaded
-	Steps          uint64
-	BatchedTokens  uint64 // tokens decoded over all steps
-	StepTimeMicros uint64 // time spent in llama_decode over all steps
-}
-
 // New loads the model and creates the context. It starts nothing: Run does the work.
 func New(cfg Config) (*Engine, error) {
 	if err := cfg.Validate(); err != nil {
@@ -183,10 +164,10 @@ func (e *Engine) Close() {
 // queue is full, ErrClosed when the engine is not running. Otherwise the request's outcome
 // arrives on the Stream, which always ends. Canceling ctx cancels the request.
 func (e *Engine) Submit(ctx context.Context, req Request) (*Stream, error) {
-	if err := req.validate(); err != nil {
+	if err := req.Validate(); err != nil {
 		return nil, err
 	}
-	prompt, err := e.model.Tokenize(req.Prompt, true, true)
+	prompt, err := e.tokenize(req.Prompt)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}

@@ -1,152 +1,30 @@
 package session
 
-import (
-	"errors"
-	"fmt"
-	"math"
-	"time"
+import "github.com/infernode/infernode/session/infer"
+
+// The engine's plain types live in package infer (no cgo), so the layers above can be
+// built and tested without llama.cpp. These aliases keep session's own API whole.
+type (
+	Request            = infer.Request
+	Sampling           = infer.Sampling
+	Result             = infer.Result
+	Stats              = infer.Stats
+	Message            = infer.Message
+	InvalidError       = infer.InvalidError
+	PromptTooLongError = infer.PromptTooLongError
 )
 
-// Request is one generation: a prompt (already formatted, for example by ApplyChatTemplate)
-// and how to sample its continuation.
-type Request struct {
-	// SessionID names the conversation. Turns with the same id reuse its cached KV.
-	// Empty means no conversation: the request uses a free slot and nothing is kept for it.
-	SessionID string
-	// Prompt is the text to continue. Control tokens written as text (such as
-	// <|im_start|>) are parsed as such.
-	Prompt string
-	// MaxTokens caps the generated tokens; 0 means Config.DefaultMaxTokens. Generation
-	// also stops where the sequence's context ends (finish reason "length").
-	MaxTokens int
-	// Stop strings end generation where they first appear; they are never emitted.
-	Stop []string
-	Sampling
-}
-
-// Sampling says how to choose each token. Start from DefaultSampling or Greedy: the zero
-// value is not valid (TopP 0).
-type Sampling struct {
-	Temperature      float32 // [0, 2]; 0 is greedy
-	TopK             int     // 0 disables
-	TopP             float32 // (0, 1]; 1 disables
-	MinP             float32 // [0, 1]; 0 disables
-	RepeatPenalty    float32 // [0, 10]; 0 or 1 disables
-	PresencePenalty  float32 // [-2, 2]
-	FrequencyPenalty float32 // [-2, 2]
-	RepeatLastN      int     // tokens the penalties look back over; 0 means 64
-	Seed             int64   // [0, 2^32) for a reproducible draw, -1 for a random one
-}
+// Sentinel errors; see package infer.
+var (
+	ErrInvalid       = infer.ErrInvalid
+	ErrPromptTooLong = infer.ErrPromptTooLong
+	ErrOverloaded    = infer.ErrOverloaded
+	ErrCanceled      = infer.ErrCanceled
+	ErrClosed        = infer.ErrClosed
+)
 
 // DefaultSampling is OpenAI's default: temperature 1, no truncation, a random seed.
-func DefaultSampling() Sampling { return Sampling{Temperature: 1, TopP: 1, Seed: -1} }
+func DefaultSampling() Sampling { return infer.DefaultSampling() }
 
 // Greedy always picks the most likely token.
-func Greedy() Sampling { return Sampling{Temperature: 0, TopP: 1} }
-
-// Sentinel errors. Test with errors.Is.
-var (
-	// ErrInvalid is wrapped by every *InvalidError: the request is wrong and retrying it
-	// unchanged will not help.
-	ErrInvalid = errors.New("invalid request")
-	// ErrPromptTooLong means the prompt does not fit a sequence's context. It wraps
-	// ErrInvalid.
-	ErrPromptTooLong = fmt.Errorf("%w: prompt too long", ErrInvalid)
-	// ErrOverloaded means the request could not be admitted: the queue was full or the
-	// request waited longer than Config.QueueTimeout. Retrying later may succeed.
-	ErrOverloaded = errors.New("engine overloaded")
-	// ErrCanceled means the request's context ended before it finished. It wraps the
-	// context's error too.
-	ErrCanceled = errors.New("request canceled")
-	// ErrClosed means the engine is not running.
-	ErrClosed = errors.New("engine closed")
-)
-
-// InvalidError says which parameter of a request is wrong and why.
-type InvalidError struct {
-	Param  string // the request field, as OpenAI names it
-	Reason string
-}
-
-func (e *InvalidError) Error() string { return fmt.Sprintf("invalid %s: %s", e.Param, e.Reason) }
-
-// Is makes errors.Is(err, ErrInvalid) true for every InvalidError.
-func (e *InvalidError) Is(target error) bool { return target == ErrInvalid }
-
-// PromptTooLongError reports a prompt that cannot fit.
-type PromptTooLongError struct {
-	Tokens, Limit int
-}
-
-func (e *PromptTooLongError) Error() string {
-	return fmt.Sprintf("prompt is %d tokens, more than the %d a sequence can hold with room to generate", e.Tokens, e.Limit)
-}
-
-// Is makes errors.Is(err, ErrPromptTooLong) and errors.Is(err, ErrInvalid) true.
-func (e *PromptTooLongError) Is(target error) bool {
-	return target == ErrPromptTooLong || target == ErrInvalid
-}
-
-// Limits on what a request may ask for.
-const (
-	maxStops      = 16
-	maxStopLength = 256
-)
-
-// validate checks every parameter and reports the first wrong one.
-func (r *Request) validate() error {
-	bad := func(param, format string, args ...any) error {
-		return &InvalidError{Param: param, Reason: fmt.Sprintf(format, args...)}
-	}
-	finite := func(x float32) bool { return !math.IsNaN(float64(x)) && !math.IsInf(float64(x), 0) }
-	s := r.Sampling
-	switch {
-	case r.Prompt == "":
-		return bad("prompt", "must not be empty")
-	case r.MaxTokens < 0:
-		return bad("max_tokens", "must not be negative, got %d", r.MaxTokens)
-	case !finite(s.Temperature) || s.Temperature < 0 || s.Temperature > 2:
-		return bad("temperature", "must be in [0, 2], got %v", s.Temperature)
-	case !finite(s.TopP) || s.TopP <= 0 || s.TopP > 1:
-		return bad("top_p", "must be in (0, 1], got %v", s.TopP)
-	case s.TopK < 0:
-		return bad("top_k", "must not be negative, got %d", s.TopK)
-	case !finite(s.MinP) || s.MinP < 0 || s.MinP > 1:
-		return bad("min_p", "must be in [0, 1], got %v", s.MinP)
-	case !finite(s.RepeatPenalty) || s.RepeatPenalty < 0 || s.RepeatPenalty > 10:
-		return bad("repeat_penalty", "must be in [0, 10], got %v", s.RepeatPenalty)
-	case !finite(s.PresencePenalty) || s.PresencePenalty < -2 || s.PresencePenalty > 2:
-		return bad("presence_penalty", "must be in [-2, 2], got %v", s.PresencePenalty)
-	case !finite(s.FrequencyPenalty) || s.FrequencyPenalty < -2 || s.FrequencyPenalty > 2:
-		return bad("frequency_penalty", "must be in [-2, 2], got %v", s.FrequencyPenalty)
-	case s.RepeatLastN < 0:
-		return bad("repeat_last_n", "must not be negative, got %d", s.RepeatLastN)
-	case s.Seed < -1 || s.Seed > math.MaxUint32:
-		return bad("seed", "must be -1 (random) or in [0, %d], got %d", uint32(math.MaxUint32), s.Seed)
-	case len(r.Stop) > maxStops:
-		return bad("stop", "at most %d stop strings, got %d", maxStops, len(r.Stop))
-	}
-	for _, stop := range r.Stop {
-		if stop == "" || len(stop) > maxStopLength {
-			return bad("stop", "stop strings must be 1 to %d bytes long", maxStopLength)
-		}
-	}
-	return nil
-}
-
-// Result is how a request ended.
-type Result struct {
-	// FinishReason is "stop" (end of turn or a stop string) or "length" (token limit or
-	// end of context). Empty when the request failed.
-	FinishReason string
-	// PromptTokens counts the prompt's tokens; CachedTokens how many of them were reused
-	// from the conversation's KV cache rather than prefilled.
-	PromptTokens, CachedTokens int
-	// CompletionTokens counts generated tokens, including a final end-of-turn token.
-	CompletionTokens int
-	// Queued is the time from Submit to admission; FirstToken from Submit to the first
-	// generated token; Total from Submit to the end.
-	Queued, FirstToken, Total time.Duration
-	// Err is why the request failed, or nil.
-	Err error
-}
+func Greedy() Sampling { return infer.Greedy() }

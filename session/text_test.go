@@ -1,7 +1,6 @@
 package session
 
 import (
-	"errors"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -86,41 +85,6 @@ func FuzzTextFilter(f *testing.F) {
 			t.Fatalf("text %q: got %q", text, got)
 		}
 	})
-}
-
-func TestRequestValidate(t *testing.T) {
-	good := Request{Prompt: "hi", Sampling: DefaultSampling()}
-	tests := []struct {
-		param string
-		edit  func(r *Request)
-	}{
-		{"prompt", func(r *Request) { r.Prompt = "" }},
-		{"max_tokens", func(r *Request) { r.MaxTokens = -1 }},
-		{"temperature", func(r *Request) { r.Temperature = -0.1 }},
-		{"temperature", func(r *Request) { r.Temperature = 2.5 }},
-		{"top_p", func(r *Request) { r.TopP = 0 }},
-		{"top_p", func(r *Request) { r.TopP = 1.01 }},
-		{"top_k", func(r *Request) { r.TopK = -1 }},
-		{"min_p", func(r *Request) { r.MinP = 2 }},
-		{"presence_penalty", func(r *Request) { r.PresencePenalty = 3 }},
-		{"frequency_penalty", func(r *Request) { r.FrequencyPenalty = -3 }},
-		{"repeat_penalty", func(r *Request) { r.RepeatPenalty = -1 }},
-		{"seed", func(r *Request) { r.Seed = 1 << 33 }},
-		{"stop", func(r *Request) { r.Stop = []string{""} }},
-		{"stop", func(r *Request) { r.Stop = make([]string, 17) }},
-	}
-	if err := good.validate(); err != nil {
-		t.Fatalf("validate(good) = %v", err)
-	}
-	for _, tt := range tests {
-		r := good
-		tt.edit(&r)
-		err := r.validate()
-		var ie *InvalidError
-		if !errors.As(err, &ie) || ie.Param != tt.param {
-			t.Errorf("validate(bad %s) = %v, want an InvalidError for %s", tt.param, err, tt.param)
-		}
-	}
 }
 
 func TestConfigValidate(t *testing.T) {

@@ -3,6 +3,8 @@ package testbed
 import (
 	"bufio"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -29,6 +31,9 @@ type Config struct {
 	HTTPPort, GossipPort int
 	// Args are extra flags for every node.
 	Args []string
+	// Secret is the cluster secret every node gets (through INFERNODE_CLUSTER_SECRET, so
+	// it does not show in process listings). Empty: Start makes a random one.
+	Secret string
 	// Topology, if set, runs node i in host i's network namespace (on the host's
 	// address, ports 8080 and 7946) instead of on loopback.
 	Topology *netem.Topology
@@ -73,6 +78,11 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 		cfg.LogDir = dir
 	} else if err := os.MkdirAll(cfg.LogDir, 0o755); err != nil {
 		return nil, err
+	}
+	if cfg.Secret == "" {
+		var b [24]byte
+		rand.Read(b[:])
+		cfg.Secret = hex.EncodeToString(b[:])
 	}
 	c := &Cluster{cfg: cfg, http: &http.Client{Timeout: 5 * time.Second}}
 	for i := range cfg.Nodes {
@@ -128,7 +138,7 @@ func (n *Node) start(ctx context.Context) error {
 		argv = n.Host.Command(n.cfg.Binary, n.args...) // ip netns exec execs: the pid is the node's
 	}
 	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env = os.Environ()
+	cmd.Env = append(os.Environ(), "INFERNODE_CLUSTER_SECRET="+n.cfg.Secret)
 	// Its own process group: a Ctrl-C meant for the testbed does not reach the nodes
 	// directly, so the testbed decides how they stop.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

@@ -8,6 +8,8 @@ package main
 
 import (
 	"context"
+	"crypto/hkdf"
+	"crypto/sha256"
 	"errors"
 	"flag"
 	"fmt"
@@ -24,6 +26,7 @@ import (
 
 	"github.com/infernode/infernode/gossip"
 	"github.com/infernode/infernode/node"
+	"github.com/infernode/infernode/node/routing"
 	"github.com/infernode/infernode/session"
 )
 
@@ -39,7 +42,9 @@ Example (the default test model, on port 8080):
   curl -s localhost:8080/v1/chat/completions -H 'Content-Type: application/json' \
     -d '{"messages":[{"role":"user","content":"hello"}],"max_tokens":16}'
 
-A cluster: give each node --gossip-addr and all but the first --join FIRST_GOSSIP_ADDR:
+A cluster: give each node --gossip-addr, the same cluster secret, and all but the first
+--join FIRST_GOSSIP_ADDR (the secret signs hops between nodes and encrypts gossip):
+  export INFERNODE_CLUSTER_SECRET=$(head -c 24 /dev/urandom | base64)
   bin/infernode --model M --addr 127.0.0.1:8081 --gossip-addr 127.0.0.1:7947
   bin/infernode --model M --addr 127.0.0.1:8082 --gossip-addr 127.0.0.1:7948 --join 127.0.0.1:7947
 
@@ -60,7 +65,7 @@ func main() {
 type options struct {
 	node        node.Config
 	engine      session.Config
-	cluster     node.ClusterConfig
+	routing     routing.Config
 	gossip      gossip.Config
 	joinCluster bool // --gossip-addr given: run as a cluster member
 	logJSON     bool
@@ -90,8 +95,9 @@ func run(args []string, stderr io.Writer) int {
 }
 
 func parse(args []string, stderr io.Writer) (options, error) {
-	nc, ec, cc, gc := node.DefaultConfig(), session.DefaultConfig(), node.DefaultClusterConfig(), gossip.DefaultConfig()
-	var gossipAddr, gossipAdvertise, join, gossipKey string
+	nc, ec, rc, gc := node.DefaultConfig(), session.DefaultConfig(), routing.DefaultConfig(), gossip.DefaultConfig()
+	var gossipAddr, gossipAdvertise, join, gossipKey, secret, accept string
+	var insecure bool
 	fs := flag.NewFlagSet("infernode", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
@@ -104,7 +110,7 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&nc.ID, "id", "", "node id shown in X-Infernode-Node and logs (default: host-port)")
 	fs.StringVar(&nc.Addr, "addr", nc.Addr, "HTTP listen address (port 0 picks a free port; the log says which)")
 	fs.StringVar(&nc.APIKey, "api-key", "", "require 'Authorization: Bearer KEY' on /v1/*")
-	fs.BoolVar(&nc.ProtectOps, "protect-metrics", nc.ProtectOps, "require the API key on /metrics too")
+	fs.BoolVar(&nc.MetricsOpen, "metrics-open", nc.MetricsOpen, "serve /metrics without the API key (for scrapers that carry none)")
 	fs.IntVar(&ec.Cells, "ctx", ec.Cells, "KV cache size in tokens, over all sequences")
 	fs.IntVar(&ec.Sequences, "sequences", ec.Sequences, "conversations held at once (running or cached)")
 	fs.IntVar(&ec.BatchSize, "batch", ec.BatchSize, "tokens per decode step")
@@ -125,10 +131,12 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&gossipAddr, "gossip-addr", "", "gossip bind host:port; empty runs standalone (no cluster)")
 	fs.StringVar(&gossipAdvertise, "gossip-advertise", "", "gossip host:port peers dial (default: the bound address)")
 	fs.StringVar(&join, "join", "", "comma-separated gossip addresses of seed peers")
-	fs.StringVar(&gossipKey, "gossip-key", "", "encrypt gossip with this 16, 24 or 32 byte key (same on every node)")
-	fs.StringVar(&cc.Secret, "cluster-secret", "", "authenticate forwarded requests between nodes (same on every node)")
-	fs.StringVar(&cc.HTTPAddr, "advertise-http", "", "HTTP host:port peers use to reach this node (default: the bound address)")
-	fs.DurationVar(&cc.ProbeInterval, "probe-interval", cc.ProbeInterval, "how often each peer's /readyz is checked")
+	fs.StringVar(&secret, "cluster-secret", "", "shared secret of the cluster, at least 16 bytes: signs hops between nodes and\nderives the gossip key (required with --gossip-addr unless --insecure)")
+	fs.StringVar(&accept, "accept-secrets", "", "comma-separated older or newer cluster secrets also accepted (for rotation)")
+	fs.StringVar(&gossipKey, "gossip-key", "", "encrypt gossip with this 16, 24 or 32 byte key instead of one derived from the secret")
+	fs.BoolVar(&insecure, "insecure", false, "run a cluster member without a secret: unsigned hops, plain gossip (trusted networks only)")
+	fs.StringVar(&rc.HTTPAddr, "advertise-http", "", "HTTP host:port peers use to reach this node (default: the bound address)")
+	fs.DurationVar(&rc.ProbeInterval, "probe-interval", rc.ProbeInterval, "how often each peer's /readyz is checked")
 	fs.StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
@@ -140,7 +148,7 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	if err := envFallback(fs); err != nil {
 		return options{}, err
 	}
-	opts := options{node: nc, engine: ec, cluster: cc, gossip: gc, logJSON: logFormat == "json"}
+	opts := options{node: nc, engine: ec, routing: rc, gossip: gc, logJSON: logFormat == "json"}
 	var errs []error
 	if gossipAddr != "" {
 		opts.joinCluster = true
@@ -156,12 +164,8 @@ func parse(args []string, stderr io.Writer) (options, error) {
 			}
 			opts.gossip.AdvertiseAddr, opts.gossip.AdvertisePort = host, port
 		}
-		for _, seed := range strings.Split(join, ",") {
-			if seed = strings.TrimSpace(seed); seed != "" {
-				opts.gossip.Join = append(opts.gossip.Join, seed)
-			}
-		}
-		opts.gossip.Key = []byte(gossipKey)
+		opts.gossip.Join = splitList(join)
+		errs = append(errs, opts.secure(secret, accept, gossipKey, insecure))
 	} else if join != "" {
 		errs = append(errs, errors.New("--join needs --gossip-addr"))
 	}
@@ -183,6 +187,67 @@ func parse(args []string, stderr io.Writer) (options, error) {
 		opts.node.ModelName = strings.TrimSuffix(filepath.Base(opts.engine.ModelPath), ".gguf")
 	}
 	return opts, errors.Join(errs...)
+}
+
+// secure sets the cluster's keys: the hop key and the gossip key, both derived from the
+// cluster secret (HKDF-SHA256, one label each), plus the keys of secrets also accepted
+// during a rotation. A cluster member without a secret is refused unless insecure.
+func (o *options) secure(secret, accept, gossipKey string, insecure bool) error {
+	if gossipKey != "" {
+		o.gossip.Key = []byte(gossipKey)
+	}
+	if secret == "" {
+		if !insecure {
+			return errors.New("a cluster member needs a cluster secret (--cluster-secret or INFERNODE_CLUSTER_SECRET, the same on every node); " +
+				"without one, anyone who reaches its ports could join the cluster and submit requests as a peer. " +
+				"Use --insecure to run without one on a trusted network")
+		}
+		o.routing.Insecure = true
+		return nil
+	}
+	var errs []error
+	for i, s := range append([]string{secret}, splitList(accept)...) {
+		if len(s) < 16 {
+			errs = append(errs, fmt.Errorf("cluster secrets must be at least 16 bytes, got %d", len(s)))
+			continue
+		}
+		hop, gk := deriveKeys(s)
+		if i == 0 {
+			o.routing.Secret = hop
+			if gossipKey == "" {
+				o.gossip.Key = gk
+			}
+			continue
+		}
+		o.routing.AcceptSecrets = append(o.routing.AcceptSecrets, hop)
+		if gossipKey == "" {
+			o.gossip.ExtraKeys = append(o.gossip.ExtraKeys, gk)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// deriveKeys derives the hop signing key and the gossip encryption key from a cluster
+// secret, so one secret is enough and neither key reveals the other.
+func deriveKeys(secret string) (hop, gossipKey []byte) {
+	derive := func(label string) []byte {
+		k, err := hkdf.Key(sha256.New, []byte(secret), nil, label, 32)
+		if err != nil {
+			panic(err) // only for lengths over 255*32 bytes
+		}
+		return k
+	}
+	return derive("infernode hop v1"), derive("infernode gossip v1")
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, part := range strings.Split(s, ",") {
+		if part = strings.TrimSpace(part); part != "" {
+			out = append(out, part)
+		}
+	}
+	return out
 }
 
 // envFallback sets every flag not given on the command line from INFERNODE_<NAME>.
@@ -227,33 +292,42 @@ func parseBytes(s string) (int, error) {
 	return n * mult, nil
 }
 
-// serve runs the node until SIGINT or SIGTERM, then drains and exits.
-func newCluster(opts options, ln net.Listener, local *node.LocalEngine, log *slog.Logger) (*node.Cluster, *gossip.Gossip, error) {
+// newCluster builds this node's gossip membership and router.
+func newCluster(opts options, ln net.Listener, local *session.Handle, log *slog.Logger) (*routing.Router, *gossip.Gossip, error) {
 	fp, err := session.Fingerprint(opts.engine.ModelPath, opts.engine.KVType)
 	if err != nil {
 		return nil, nil, err
 	}
-	cc, gc := opts.cluster, opts.gossip
-	if cc.HTTPAddr == "" {
-		cc.HTTPAddr = ln.Addr().String()
+	rc, gc := opts.routing, opts.gossip
+	if rc.HTTPAddr == "" {
+		rc.HTTPAddr = ln.Addr().String()
 		if tcp := ln.Addr().(*net.TCPAddr); tcp.IP.IsUnspecified() {
 			return nil, nil, errors.New("--advertise-http is required when listening on all interfaces")
 		}
 	}
-	cc.Self, cc.Fingerprint, cc.Logger = opts.node.ID, fp, log
-	cc.APIKey, cc.DefaultMaxTokens, cc.QueueCap = opts.node.APIKey, opts.engine.DefaultMaxTokens, opts.engine.MaxQueue
+	if err := gossip.ValidateHostPort(rc.HTTPAddr); err != nil {
+		return nil, nil, fmt.Errorf("--advertise-http: %w", err)
+	}
+	rc.Self, rc.Fingerprint, rc.Model, rc.Logger = opts.node.ID, fp, opts.node.ModelName, log
+	rc.DefaultMaxTokens, rc.QueueCap = opts.engine.DefaultMaxTokens, opts.engine.MaxQueue
 	gc.ID, gc.Logger = opts.node.ID, log
-	g, err := gossip.New(gc, gossip.Meta{ID: cc.Self, HTTPAddr: cc.HTTPAddr, Fingerprint: fp})
+	g, err := gossip.New(gc, gossip.Meta{ID: rc.Self, HTTPAddr: rc.HTTPAddr, Fingerprint: fp, Hop: routing.Versions})
 	if err != nil {
 		return nil, nil, err
 	}
-	cluster, err := node.NewCluster(cc, g, local)
+	router, err := routing.New(rc, g, local)
 	if err != nil {
 		return nil, nil, err
 	}
-	log.Info("clustered", "fingerprint", fp, "gossip", fmt.Sprintf("%s:%d", gc.BindAddr, gc.BindPort), "join", gc.Join)
-	return cluster, g, nil
+	if rc.Insecure {
+		log.Warn("running insecure: hops are unsigned and gossip is not encrypted; use --cluster-secret outside a trusted network")
+	}
+	log.Info("clustered", "fingerprint", fp, "gossip", fmt.Sprintf("%s:%d", gc.BindAddr, gc.BindPort), "join", gc.Join,
+		"secured", !rc.Insecure)
+	return router, g, nil
 }
+
+// serve runs the node until SIGINT or SIGTERM, then drains and exits.
 
 func serve(opts options, log *slog.Logger) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -269,16 +343,16 @@ func serve(opts options, log *slog.Logger) error {
 	}
 	opts.node.Listener, opts.node.Logger, opts.engine.Logger = ln, log, log
 
-	local := &node.LocalEngine{}
-	var cluster *node.Cluster
+	local := &session.Handle{}
+	var router *routing.Router
 	var g *gossip.Gossip
 	if opts.joinCluster {
-		if cluster, g, err = newCluster(opts, ln, local, log); err != nil {
+		if router, g, err = newCluster(opts, ln, local, log); err != nil {
 			ln.Close()
 			return err
 		}
 	}
-	srv, err := node.New(opts.node, local, cluster)
+	srv, err := node.New(opts.node, local, router)
 	if err != nil {
 		ln.Close()
 		return err
@@ -287,9 +361,9 @@ func serve(opts options, log *slog.Logger) error {
 	gossipCtx, stopGossip := context.WithCancel(context.Background())
 	defer stopGossip()
 	gossipDone := make(chan error, 2)
-	if cluster != nil {
+	if router != nil {
 		go func() { gossipDone <- g.Run(gossipCtx) }()
-		go func() { gossipDone <- cluster.Run(gossipCtx) }()
+		go func() { gossipDone <- router.Run(gossipCtx) }()
 		go func() {
 			<-ctx.Done()
 			stopGossip()
@@ -325,7 +399,7 @@ func serve(opts options, log *slog.Logger) error {
 		stopEngine()
 		err2 = errors.Join(fmt.Errorf("engine stopped: %w", err), <-served)
 	}
-	if cluster != nil {
+	if router != nil {
 		stopGossip()
 		err2 = errors.Join(err2, <-gossipDone, <-gossipDone)
 	}

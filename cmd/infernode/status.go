@@ -10,7 +10,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/infernode/infernode/node"
+	"github.com/infernode/infernode/node/routing"
 )
 
 // status prints GET /v1/cluster of one node as a table.
@@ -43,7 +43,7 @@ func status(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	defer resp.Body.Close()
-	var v node.View
+	var v routing.View
 	if resp.StatusCode != 200 || json.NewDecoder(resp.Body).Decode(&v) != nil {
 		fmt.Fprintf(stderr, "infernode status: %s answered %d without a cluster view\n", url, resp.StatusCode)
 		return 1

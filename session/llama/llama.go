@@ -16,6 +16,12 @@ package llama
 #include <stdlib.h>
 #include "llama.h"
 
+// ggml-cpu.cpp calls the AMX buffer type under this condition, but ollama's cgo package
+// never compiles ggml-cpu/amx/*.cpp: stop here with the fix rather than at the linker.
+#if defined(__AMX_INT8__) && defined(__AVX512VNNI__)
+#error "infernode: CGO_CFLAGS enable Intel AMX, which ollama's llama package cannot link; add -mno-amx-tile -mno-amx-int8 -mno-amx-bf16 (make does)"
+#endif
+
 extern void infernodeLlamaLog(int level, char *text, void *user_data);
 
 static void set_log(void) {
@@ -124,9 +130,6 @@ func (m *Model) Close() {
 // NumVocab is the number of tokens in the vocabulary.
 func (m *Model) NumVocab() int { return int(C.llama_vocab_n_tokens(m.vocab)) }
 
-// TrainContext is the context length the model was trained with.
-func (m *Model) TrainContext() int { return int(C.llama_model_n_ctx_train(m.c)) }
-
 // Description is llama.cpp's one-line description of the model (architecture, size, type).
 func (m *Model) Description() string {
 	var buf [256]C.char
@@ -186,6 +189,12 @@ func (m *Model) Tokenize(text string, addSpecial, parseSpecial bool) ([]int32, e
 		}
 		toks = make([]int32, -n)
 	}
+}
+
+// IsControl reports whether tok is a control (or unknown) token: one that text tokenized
+// without parseSpecial never produces.
+func (m *Model) IsControl(tok int32) bool {
+	return C.llama_vocab_get_attr(m.vocab, C.llama_token(tok))&(C.LLAMA_TOKEN_ATTR_CONTROL|C.LLAMA_TOKEN_ATTR_UNKNOWN) != 0
 }
 
 // Piece returns the bytes a token stands for. Control tokens render as empty. A piece may

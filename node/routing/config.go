@@ -1,0 +1,134 @@
+package routing
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/infernode/infernode/ring"
+)
+
+// Config configures a node's routing. Build one with DefaultConfig and set the required
+// fields.
+type Config struct {
+	// Self is this node's stable id. Required.
+	Self string
+	// HTTPAddr is the host:port peers use to reach this node's API. Required.
+	HTTPAddr string
+	// Fingerprint identifies the model and KV layout; only peers with the same one share
+	// a ring. Required.
+	Fingerprint string
+	// Model is the model id clients name; it travels on the hop so the owner can check it.
+	// Required.
+	Model string
+	// Secret authenticates hops (see Sign). Required unless Insecure: a clustered node
+	// without one would serve anyone who can reach its port.
+	Secret []byte
+	// AcceptSecrets are further keys whose signatures are accepted (never used to sign):
+	// during a rotation, the old or the new secret.
+	AcceptSecrets [][]byte
+	// Insecure lets hops travel unsigned when Secret is empty. For trusted test networks
+	// only.
+	Insecure bool
+	// MaxSkew is the largest difference between a hop's timestamp and this node's clock
+	// that is accepted; nonces are remembered this long, so a captured hop cannot be
+	// replayed. Default 30s.
+	MaxSkew time.Duration
+	// ProbeInterval is how often every peer's /readyz is checked. Default 500ms.
+	ProbeInterval time.Duration
+	// ProbeTimeout bounds one check. Default 300ms.
+	ProbeTimeout time.Duration
+	// ConnectTimeout bounds dialing a peer (the default transport only). Default 1s.
+	ConnectTimeout time.Duration
+	// HeaderTimeout bounds waiting for a forwarded request's response headers (the owner
+	// answers once the request is admitted and has produced its first token). Default 60s.
+	HeaderTimeout time.Duration
+	// MaxLine caps one line of a hop's answer stream; a longer one fails the stream as a
+	// broken owner. Default 1 MiB.
+	MaxLine int
+	// Candidates is how many ring owners a request may try. Default 3.
+	Candidates int
+	// DefaultMaxTokens is the engine's token limit for requests that set none, needed to
+	// resume such a request elsewhere. Required.
+	DefaultMaxTokens int
+	// QueueCap is the engine's queue size, gossiped so peers spill over when it is full.
+	QueueCap int
+	// Ring shapes the ring and the health hysteresis.
+	Ring ring.Config
+	// Transport carries hops and probes. Nil means an http.Transport with ConnectTimeout.
+	Transport http.RoundTripper
+	// Clock times probes, header deadlines and hop timestamps. Nil means the real clock.
+	Clock Clock
+	// Logger receives routing logs. Nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// DefaultConfig returns infernode's routing settings.
+func DefaultConfig() Config {
+	return Config{
+		MaxSkew:        30 * time.Second,       // clocks of one cluster agree far better; replays older than this fail
+		ProbeInterval:  500 * time.Millisecond, // 3 failures: a dead peer is off the ring in ~1.5s
+		ProbeTimeout:   300 * time.Millisecond, // a loopback or LAN /readyz answers in well under 10ms
+		ConnectTimeout: time.Second,            // a LAN connect takes under a millisecond; a refused one fails at once
+		HeaderTimeout:  60 * time.Second,       // queue wait plus a long CPU prefill
+		MaxLine:        1 << 20,                // one token's text is a few bytes; an error message a few KiB
+		Candidates:     3,                      // the owner and two successors
+		Ring:           ring.DefaultConfig(),
+	}
+}
+
+// Validate reports every problem with c at once.
+func (c Config) Validate() error {
+	var errs []error
+	check := func(ok bool, format string, args ...any) {
+		if !ok {
+			errs = append(errs, fmt.Errorf(format, args...))
+		}
+	}
+	check(c.Self != "", "routing: self id is required")
+	check(c.HTTPAddr != "", "routing: HTTP address is required")
+	check(c.Fingerprint != "", "routing: model fingerprint is required")
+	check(c.Model != "", "routing: model name is required")
+	check(len(c.Secret) > 0 || c.Insecure, "routing: a cluster secret is required (or run insecure, on a trusted network only)")
+	for _, k := range append([][]byte{c.Secret}, c.AcceptSecrets...) {
+		check(len(c.Secret) == 0 || len(k) >= 16, "routing: hop keys must be at least 16 bytes, got %d", len(k))
+	}
+	for _, d := range []struct {
+		name string
+		d    time.Duration
+	}{
+		{"max skew", c.MaxSkew}, {"probe interval", c.ProbeInterval}, {"probe timeout", c.ProbeTimeout},
+		{"connect timeout", c.ConnectTimeout}, {"header timeout", c.HeaderTimeout},
+	} {
+		check(d.d > 0, "routing: %s must be positive, got %v", d.name, d.d)
+	}
+	check(c.ProbeTimeout < c.ProbeInterval, "routing: probe timeout (%v) must be below the probe interval (%v)", c.ProbeTimeout, c.ProbeInterval)
+	check(c.MaxLine >= 4096, "routing: max line must be at least 4096 bytes, got %d", c.MaxLine)
+	check(c.Candidates >= 1, "routing: candidates must be at least 1, got %d", c.Candidates)
+	check(c.DefaultMaxTokens >= 1, "routing: default max tokens must be at least 1, got %d", c.DefaultMaxTokens)
+	check(c.QueueCap >= 0, "routing: queue capacity must not be negative, got %d", c.QueueCap)
+	if err := c.Ring.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("routing: ring: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+// Clock is the time source of routing: tests inject a fake one.
+type Clock interface {
+	Now() time.Time
+	// AfterFunc calls f in its own goroutine after d, unless stopped first.
+	AfterFunc(d time.Duration, f func()) Timer
+}
+
+// Timer is a pending AfterFunc.
+type Timer interface {
+	// Stop prevents the call; it reports whether it did.
+	Stop() bool
+}
+
+type realClock struct{}
+
+func (realClock) Now() time.Time                            { return time.Now() }
+func (realClock) AfterFunc(d time.Duration, f func()) Timer { return time.AfterFunc(d, f) }

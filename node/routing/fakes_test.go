@@ -1,0 +1,421 @@
+package routing
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/infernode/infernode/gossip"
+	"github.com/infernode/infernode/session/infer"
+)
+
+// Fakes for routing's table tests: a membership list, a clock that moves only when told,
+// an in-memory network of peers (each a real receiving Router in front of a scripted
+// engine), all driven synchronously by the test.
+
+// fakeMembers is a gossip membership the test writes.
+type fakeMembers struct {
+	mu      sync.Mutex
+	members []gossip.Member
+	meta    gossip.Meta
+	changes chan struct{}
+}
+
+func (f *fakeMembers) Members() []gossip.Member {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.members)
+}
+func (f *fakeMembers) Changes() <-chan struct{} { return f.changes }
+func (f *fakeMembers) SetMeta(m gossip.Meta) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.meta = m
+	return nil
+}
+func (f *fakeMembers) Joined() bool { return true }
+func (f *fakeMembers) Addr() string { return "gossip:1" }
+func (f *fakeMembers) set(ms ...gossip.Member) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.members = ms
+}
+
+// member is a live, ready, compatible peer.
+func member(id string) gossip.Member {
+	return gossip.Member{Name: id + "#1", Addr: id + ":7946", State: gossip.Alive,
+		Meta: gossip.Meta{ID: id, HTTPAddr: id + ":80", Fingerprint: "fp", Ready: true, Hop: []int{Major}}}
+}
+
+// fakeClock moves only when Advance is called.
+type fakeClock struct {
+	mu     sync.Mutex
+	now    time.Time
+	timers []*fakeTimer
+}
+
+type fakeTimer struct {
+	c     *fakeClock
+	at    time.Time
+	f     func()
+	state int // 0 pending, 1 fired, 2 stopped
+}
+
+func newFakeClock() *fakeClock { return &fakeClock{now: time.Unix(1_800_000_000, 0)} }
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) AfterFunc(d time.Duration, f func()) Timer {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t := &fakeTimer{c: c, at: c.now.Add(d), f: f}
+	c.timers = append(c.timers, t)
+	return t
+}
+
+func (t *fakeTimer) Stop() bool {
+	t.c.mu.Lock()
+	defer t.c.mu.Unlock()
+	if t.state != 0 {
+		return false
+	}
+	t.state = 2
+	return true
+}
+
+// Advance moves the clock and runs the timers now due.
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	var due []*fakeTimer
+	for _, t := range c.timers {
+		if t.state == 0 && !t.at.After(c.now) {
+			t.state = 1
+			due = append(due, t)
+		}
+	}
+	c.mu.Unlock()
+	for _, t := range due {
+		t.f()
+	}
+}
+
+// script says how a fake peer or engine behaves.
+type script struct {
+	refuse     bool // transport: connection refused
+	hang       bool // accept the request, never answer until canceled
+	busy       bool // answer 503 overloaded
+	crashAfter int  // break the connection after this many tokens (0: never)
+}
+
+// fakeEngine continues a prompt deterministically: its answer is " w0 w1 w2 ...", and a
+// prompt that already ends in k such words is continued from " wk", so a resumed answer
+// equals an uninterrupted one exactly.
+type fakeEngine struct {
+	mu       sync.Mutex
+	script   script
+	served   atomic.Int64
+	canceled atomic.Int64
+	started  chan struct{} // a request arrived (buffered)
+}
+
+func newFakeEngine() *fakeEngine { return &fakeEngine{started: make(chan struct{}, 64)} }
+
+func (e *fakeEngine) set(s script) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.script = s
+}
+
+func (e *fakeEngine) get() script {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.script
+}
+
+func (e *fakeEngine) Submit(ctx context.Context, req infer.Request) (infer.Stream, error) {
+	e.started <- struct{}{}
+	s := e.get()
+	switch {
+	case s.busy:
+		return nil, fmt.Errorf("%w: queue full", infer.ErrOverloaded)
+	case s.hang:
+		<-ctx.Done()
+		e.canceled.Add(1)
+		return nil, fmt.Errorf("%w: %w", infer.ErrCanceled, ctx.Err())
+	}
+	e.served.Add(1)
+	words := strings.Fields(req.Prompt)
+	k := 0
+	for i := len(words) - 1; i >= 0 && strings.HasPrefix(words[i], "w"); i-- {
+		k++
+	}
+	limit := req.MaxTokens
+	if limit == 0 {
+		limit = 16
+	}
+	return &fakeStream{ctx: ctx, e: e, next: k, left: limit, prompt: len(words)}, nil
+}
+
+func (e *fakeEngine) Stats() infer.Stats { return infer.Stats{} }
+func (e *fakeEngine) Ready() bool        { return true }
+
+type fakeStream struct {
+	ctx    context.Context
+	e      *fakeEngine
+	next   int
+	left   int
+	prompt int
+	n      int
+	res    infer.Result
+}
+
+func (s *fakeStream) Recv() (string, error) {
+	if err := s.ctx.Err(); err != nil {
+		s.e.canceled.Add(1)
+		s.res = infer.Result{Err: fmt.Errorf("%w: %w", infer.ErrCanceled, err)}
+		return "", s.res.Err
+	}
+	if s.left == 0 {
+		s.res = infer.Result{FinishReason: "length", PromptTokens: s.prompt, CompletionTokens: s.n}
+		return "", io.EOF
+	}
+	text := fmt.Sprintf(" w%d", s.next)
+	s.next++
+	s.left--
+	s.n++
+	return text, nil
+}
+
+func (s *fakeStream) Result() infer.Result       { return s.res }
+func (s *fakeStream) Admitted() (int, int, bool) { return s.prompt, 0, true }
+func (s *fakeStream) Tokens() int                { return s.n }
+
+// memNet is an in-memory network: each address is a handler; requests and answers cross
+// it through pipes, and a canceled request context breaks its answer as a closed
+// connection would.
+type memNet struct {
+	mu    sync.Mutex
+	peers map[string]http.Handler
+}
+
+func (n *memNet) add(addr string, h http.Handler) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.peers[addr] = h
+}
+
+func (n *memNet) RoundTrip(req *http.Request) (*http.Response, error) {
+	n.mu.Lock()
+	h := n.peers[req.URL.Host]
+	n.mu.Unlock()
+	if h == nil {
+		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+	}
+	pr, pw := io.Pipe()
+	rw := &pipeResponse{header: http.Header{}, pw: pw, ready: make(chan struct{})}
+	go func() {
+		h.ServeHTTP(rw, req)
+		rw.WriteHeader(http.StatusOK)
+		pw.Close()
+	}()
+	go func() {
+		<-req.Context().Done()
+		pr.CloseWithError(req.Context().Err())
+	}()
+	select {
+	case <-rw.ready:
+		return &http.Response{StatusCode: rw.status, Header: rw.header, Body: pr, Request: req}, nil
+	case <-req.Context().Done():
+		pw.CloseWithError(req.Context().Err())
+		return nil, req.Context().Err()
+	}
+}
+
+type pipeResponse struct {
+	header http.Header
+	pw     *io.PipeWriter
+	status int
+	once   sync.Once
+	ready  chan struct{}
+}
+
+func (p *pipeResponse) Header() http.Header { return p.header }
+func (p *pipeResponse) WriteHeader(status int) {
+	p.once.Do(func() {
+		p.status = status
+		close(p.ready)
+	})
+}
+func (p *pipeResponse) Write(b []byte) (int, error) {
+	p.WriteHeader(http.StatusOK)
+	return p.pw.Write(b)
+}
+
+// crash breaks the connection as a dying process would.
+func (p *pipeResponse) crash() { p.pw.CloseWithError(io.ErrUnexpectedEOF) }
+
+// peer is one fake node: a receiving Router and an engine behind the in-memory network.
+type peer struct {
+	id     string
+	router *Router
+	engine *fakeEngine
+}
+
+// serveHop is the hop's receiving end as node serves it, on net/http.
+func (p *peer) serveHop(w http.ResponseWriter, req *http.Request) {
+	if req.URL.Path == "/readyz" {
+		w.WriteHeader(http.StatusOK)
+		return
+	}
+	s := p.engine.get()
+	if s.refuse {
+		panic(http.ErrAbortHandler) // never reached: refused peers are not on the network
+	}
+	body, _ := io.ReadAll(req.Body)
+	hop, err := p.router.Accept(Inbound{Method: req.Method, Path: req.URL.Path, Header: req.Header.Get, Body: body})
+	if err != nil {
+		writeErr(w, &Error{Status: http.StatusUnauthorized, Message: err.Error(), Type: "invalid_request_error"})
+		return
+	}
+	st, err := p.engine.Submit(req.Context(), hop.Engine())
+	if err != nil {
+		writeErr(w, testError(err))
+		return
+	}
+	first, ferr := st.Recv()
+	w.Header().Set(NodeHeader, p.id)
+	prompt, _, _ := st.Admitted()
+	w.Header().Set(PromptHeader, fmt.Sprint(prompt))
+	w.WriteHeader(http.StatusOK)
+	lines := 0
+	WriteAnswer(func(b []byte) error {
+		if s.crashAfter > 0 && lines == s.crashAfter {
+			w.(*pipeResponse).crash()
+			return io.ErrClosedPipe
+		}
+		lines++
+		_, err := w.Write(append(b, '\n'))
+		return err
+	}, st, first, ferr, testError)
+}
+
+func testError(err error) *Error {
+	if errors.Is(err, infer.ErrOverloaded) {
+		return &Error{Status: 503, Message: err.Error(), Type: "server_error", Code: "overloaded", RetryAfter: 1}
+	}
+	return &Error{Status: 500, Message: err.Error(), Type: "server_error"}
+}
+
+func writeErr(w http.ResponseWriter, e *Error) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(e.Status)
+	json.NewEncoder(w).Encode(map[string]*Error{"error": e})
+}
+
+// cluster is an entry node "a" (the Router under test, with its own local engine) and
+// peers on an in-memory network, all sharing one fake clock.
+type cluster struct {
+	t       *testing.T
+	clock   *fakeClock
+	net     *memNet
+	members *fakeMembers
+	entry   *Router
+	local   *fakeEngine
+	peers   map[string]*peer
+}
+
+var testKey = []byte("0123456789abcdef0123456789abcdef")
+
+func testConfig(id string, clock *fakeClock, transport http.RoundTripper) Config {
+	cfg := DefaultConfig()
+	cfg.Self, cfg.HTTPAddr, cfg.Fingerprint, cfg.Model = id, id+":80", "fp", "m"
+	cfg.Secret, cfg.DefaultMaxTokens = testKey, 16
+	cfg.Clock, cfg.Transport = clock, transport
+	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	return cfg
+}
+
+// newCluster builds entry "a" and the peers named, all healthy on a's ring.
+func newCluster(t *testing.T, peerIDs ...string) *cluster {
+	c := &cluster{t: t, clock: newFakeClock(), net: &memNet{peers: map[string]http.Handler{}},
+		members: &fakeMembers{changes: make(chan struct{}, 1)}, local: newFakeEngine(), peers: map[string]*peer{}}
+	var ms []gossip.Member
+	for _, id := range peerIDs {
+		r, err := New(testConfig(id, c.clock, c.net), &fakeMembers{changes: make(chan struct{}, 1)}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := &peer{id: id, router: r, engine: newFakeEngine()}
+		c.peers[id] = p
+		c.net.add(id+":80", http.HandlerFunc(p.serveHop))
+		ms = append(ms, member(id))
+	}
+	c.members.set(ms...)
+	entry, err := New(testConfig("a", c.clock, c.net), c.members, c.local)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.entry = entry
+	entry.Publish()
+	entry.Sync()
+	for range entry.cfg.Ring.UpAfter {
+		entry.ProbeAll(t.Context())
+	}
+	if got := entry.table.Ring().Members(); len(got) != len(peerIDs)+1 {
+		t.Fatalf("ring = %v, want a and %v", got, peerIDs)
+	}
+	return c
+}
+
+// keyOwnedBy finds a conversation key whose owners, in order, start with ids.
+func (c *cluster) keyOwnedBy(ids ...string) string {
+	for i := range 100000 {
+		k := fmt.Sprint("conv-", i)
+		cands := c.entry.candidates(k)
+		ok := len(cands) >= len(ids)
+		for j := 0; ok && j < len(ids); j++ {
+			ok = cands[j].id == ids[j]
+		}
+		if ok {
+			return k
+		}
+	}
+	c.t.Fatalf("no key owned by %v", ids)
+	return ""
+}
+
+// onRing reports whether id is on the entry's ring.
+func (c *cluster) onRing(id string) bool { return slices.Contains(c.entry.table.Ring().Members(), id) }
+
+// collect reads a stream to its end.
+func collect(st infer.Stream) (string, infer.Result) {
+	var b strings.Builder
+	for {
+		piece, err := st.Recv()
+		b.WriteString(piece)
+		if err != nil {
+			return b.String(), st.Result()
+		}
+	}
+}
+
+func greedy(key, prompt string, maxTokens int) infer.Request {
+	return infer.Request{SessionID: key, Prompt: prompt, MaxTokens: maxTokens, Sampling: infer.Greedy()}
+}

@@ -1,0 +1,369 @@
+package routing
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/infernode/infernode/session/infer"
+)
+
+// Errors of the sending end. Test with errors.Is.
+var (
+	// ErrPeerLost: a forwarded request's owner stopped answering after it had started.
+	ErrPeerLost = errors.New("owner stopped answering")
+	// ErrPeerDown: this node's ring dropped the peer a forward was waiting on.
+	ErrPeerDown = errors.New("peer declared down")
+	// ErrHeaderTimeout: the owner sent no answer within Config.HeaderTimeout.
+	ErrHeaderTimeout = errors.New("owner sent no answer in time")
+)
+
+// Resumer is a stream that may have moved to another owner mid-answer.
+type Resumer interface {
+	// Resumes is how many times the answer moved.
+	Resumes() int
+}
+
+// Server is a stream that knows which node serves it now.
+type Server interface {
+	Node() string
+}
+
+// Submit serves req on its conversation's owner: locally when that is this node, else
+// forwarded. An owner that cannot be reached (refused, reset, no answer in time) counts a
+// failed check and the next owner is tried; one that answers busy (503) is skipped without
+// touching its health. When every candidate failed, this node serves the request itself
+// (every node holds the whole model, so that is always correct, only colder), unless it
+// was itself busy, in which case the last busy answer is returned.
+func (r *Router) Submit(ctx context.Context, req infer.Request) (infer.Stream, error) {
+	return r.submit(ctx, req, nil)
+}
+
+// submit tries the owners of req not in tried.
+func (r *Router) submit(ctx context.Context, req infer.Request, tried []string) (infer.Stream, error) {
+	cands := r.candidates(req.SessionID)
+	var busy error
+	for i, c := range cands {
+		if slices.Contains(tried, c.id) {
+			continue
+		}
+		last := i == len(cands)-1
+		if c.id == r.cfg.Self {
+			st, err := r.local.Submit(ctx, req)
+			if err == nil || last || !localBusy(err) {
+				return st, err
+			}
+			r.forwards.WithLabelValues("spilled").Inc()
+			busy, tried = err, append(tried, c.id)
+			continue
+		}
+		if c.full && !last {
+			r.forwards.WithLabelValues("spilled").Inc()
+			continue
+		}
+		st, err := r.forward(ctx, c, req)
+		if err == nil {
+			r.forwards.WithLabelValues("ok").Inc()
+			r.observe(c.id, true, "forward")
+			return &routed{r: r, ctx: ctx, req: req, cur: st, tried: append(tried, c.id)}, nil
+		}
+		if ctx.Err() != nil {
+			return nil, err
+		}
+		tried = append(tried, c.id)
+		var remote *Error
+		switch {
+		case errors.As(err, &remote) && remote.busy():
+			r.forwards.WithLabelValues("spilled").Inc()
+			r.log.Debug("owner busy, trying the next one", "peer", c.id, "err", err)
+			busy = err
+		case errors.As(err, &remote):
+			r.forwards.WithLabelValues("refused").Inc()
+			return nil, err
+		default:
+			r.forwards.WithLabelValues("failed").Inc()
+			r.log.Warn("forward failed, trying the next owner", "peer", c.id, "err", err)
+			r.observe(c.id, false, "forward")
+		}
+	}
+	if busy != nil && slices.Contains(tried, r.cfg.Self) {
+		return nil, busy
+	}
+	return r.local.Submit(ctx, req)
+}
+
+// localBusy reports whether the local engine refused a request for now, not for good.
+func localBusy(err error) bool {
+	return errors.Is(err, infer.ErrOverloaded) || errors.Is(err, infer.ErrClosed)
+}
+
+// forward hands req to a peer and returns once the peer has answered with headers. The
+// forward (and the stream after it) is abandoned when the client goes or when this node
+// declares the peer down.
+func (r *Router) forward(ctx context.Context, c candidate, req infer.Request) (*peerStream, error) {
+	body, err := json.Marshal(wireRequest(r.cfg.Model, req))
+	if err != nil {
+		return nil, err
+	}
+	fctx, cancel := context.WithCancelCause(ctx)
+	down := r.downSignal(c.id)
+	go func() {
+		select {
+		case <-down:
+			cancel(ErrPeerDown)
+		case <-fctx.Done():
+		}
+	}()
+	hreq, err := http.NewRequestWithContext(fctx, "POST", peerURL(c.addr, Path), bytes.NewReader(body))
+	if err != nil {
+		cancel(nil)
+		return nil, fmt.Errorf("forward to %s: %w", c.id, err)
+	}
+	hreq.Header.Set("Content-Type", "application/json")
+	r.auth.sign(hreq.Header.Set, "POST", Path, r.cfg.Self, c.id, body)
+	timer := r.clock.AfterFunc(r.cfg.HeaderTimeout, func() { cancel(ErrHeaderTimeout) })
+	resp, err := r.client.Do(hreq)
+	timer.Stop()
+	if err != nil {
+		if cause := context.Cause(fctx); ctx.Err() == nil && cause != nil {
+			err = fmt.Errorf("%w (%v)", cause, err)
+		}
+		cancel(nil)
+		return nil, fmt.Errorf("forward to %s: %w", c.id, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		defer cancel(nil)
+		defer resp.Body.Close()
+		return nil, decodeError(resp)
+	}
+	cached, _ := strconv.Atoi(resp.Header.Get(CachedHeader))
+	prompt, _ := strconv.Atoi(resp.Header.Get(PromptHeader))
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 0, 4096), r.cfg.MaxLine)
+	return &peerStream{peer: c.id, node: resp.Header.Get(NodeHeader), body: resp.Body, sc: sc, prompt: prompt, cached: cached, cancel: cancel}, nil
+}
+
+// decodeError rebuilds a peer's error response, so it keeps its meaning across the hop.
+func decodeError(resp *http.Response) error {
+	var e struct {
+		Error *Error `json:"error"`
+	}
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	if json.Unmarshal(b, &e) != nil || e.Error == nil {
+		return &Error{Status: resp.StatusCode, Type: "server_error", Message: fmt.Sprintf("peer answered %d", resp.StatusCode)}
+	}
+	e.Error.Status = resp.StatusCode
+	if ra, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil {
+		e.Error.RetryAfter = ra
+	}
+	return e.Error
+}
+
+// peerStream reads a forwarded request's answer.
+type peerStream struct {
+	peer   string // the ring id it was sent to
+	node   string // the node that says it serves it
+	cancel context.CancelCauseFunc
+	body   io.ReadCloser
+	sc     *bufio.Scanner
+	prompt int
+	cached int
+	tokens int
+
+	mu  sync.Mutex
+	res infer.Result
+}
+
+func (p *peerStream) close() {
+	p.body.Close()
+	p.cancel(nil)
+}
+
+func (p *peerStream) lost(why error) error {
+	p.close()
+	return fmt.Errorf("%w: %s: %w", ErrPeerLost, p.peer, why)
+}
+
+func (p *peerStream) Recv() (string, error) {
+	if !p.sc.Scan() {
+		err := p.sc.Err()
+		if err == nil {
+			err = io.ErrUnexpectedEOF
+		}
+		return "", p.lost(err)
+	}
+	var ev Event
+	if err := json.Unmarshal(p.sc.Bytes(), &ev); err != nil {
+		return "", p.lost(fmt.Errorf("bad line: %w", err))
+	}
+	switch {
+	case ev.Done != nil:
+		p.close()
+		p.mu.Lock()
+		p.res = infer.Result{FinishReason: ev.Done.FinishReason, PromptTokens: ev.Done.PromptTokens,
+			CachedTokens: ev.Done.CachedTokens, CompletionTokens: ev.Done.CompletionTokens}
+		p.mu.Unlock()
+		return "", io.EOF
+	case ev.Error != nil:
+		p.close()
+		p.mu.Lock()
+		p.res.Err = ev.Error
+		p.mu.Unlock()
+		return "", ev.Error
+	}
+	p.tokens = ev.Tokens
+	return ev.Text, nil
+}
+
+func (p *peerStream) Result() infer.Result {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.res
+}
+
+func (p *peerStream) Admitted() (int, int, bool) { return p.prompt, p.cached, true }
+func (p *peerStream) Tokens() int                { return p.tokens }
+
+// routed is a forwarded answer that survives its owner: when the owner stops answering
+// mid-stream, it asks the next owner to continue from the prompt plus the text already
+// passed on, so the client reads one uninterrupted answer. Only when no owner is left does
+// it fail, with an explicit error.
+type routed struct {
+	r     *Router
+	ctx   context.Context
+	req   infer.Request
+	cur   infer.Stream
+	tried []string
+
+	text   strings.Builder // passed on so far
+	base   int             // tokens generated by legs before cur
+	resume int
+
+	mu  sync.Mutex
+	res infer.Result
+}
+
+func (s *routed) Recv() (string, error) {
+	for {
+		text, err := s.cur.Recv()
+		s.text.WriteString(text)
+		if err == nil || text != "" {
+			return text, nil
+		}
+		if !errors.Is(err, ErrPeerLost) || s.ctx.Err() != nil {
+			s.finish(err)
+			return "", err
+		}
+		if err := s.resumeElsewhere(err); err != nil {
+			s.finish(err)
+			return "", err
+		}
+	}
+}
+
+// resumeElsewhere continues the answer on the next owner.
+func (s *routed) resumeElsewhere(cause error) error {
+	peer := s.tried[len(s.tried)-1]
+	s.r.observe(peer, false, "stream")
+	s.base += s.cur.Tokens()
+	limit := s.req.MaxTokens
+	if limit == 0 {
+		limit = s.r.cfg.DefaultMaxTokens
+	}
+	cont := s.req
+	cont.Prompt += s.text.String()
+	cont.MaxTokens = limit - s.base
+	if cont.MaxTokens <= 0 { // the owner died after the last token: the answer is whole
+		prompt, cached, _ := s.cur.Admitted()
+		s.mu.Lock()
+		// finish moves the tokens of earlier legs from the prompt to the completion.
+		s.res = infer.Result{FinishReason: "length", PromptTokens: prompt + s.base, CachedTokens: cached}
+		s.mu.Unlock()
+		s.cur = finished{node: s.Node()}
+		return nil
+	}
+	s.r.resumes.Inc()
+	s.resume++
+	s.r.log.Warn("owner died mid-stream, resuming on the next owner", "peer", peer, "session", s.req.SessionID,
+		"tokens_so_far", s.base, "err", cause)
+	st, err := s.r.submit(s.ctx, cont, s.tried)
+	if err != nil {
+		return fmt.Errorf("owner %s died mid-stream and no other owner could continue: %w", peer, err)
+	}
+	if rs, ok := st.(*routed); ok {
+		s.tried, st = rs.tried, rs.cur
+	}
+	s.cur = st
+	return nil
+}
+
+// finished is a stream at its end (a resume found the token limit already reached): node
+// served all of it.
+type finished struct{ node string }
+
+func (finished) Recv() (string, error)      { return "", io.EOF }
+func (finished) Result() infer.Result       { return infer.Result{} }
+func (finished) Admitted() (int, int, bool) { return 0, 0, true }
+func (finished) Tokens() int                { return 0 }
+
+func (s *routed) finish(err error) {
+	res := s.cur.Result()
+	if _, ok := s.cur.(finished); ok {
+		s.mu.Lock()
+		res = s.res
+		s.mu.Unlock()
+	}
+	if s.base > 0 {
+		// Earlier legs generated base tokens; the last leg's prompt held their text.
+		res.PromptTokens = max(0, res.PromptTokens-s.base)
+		res.CompletionTokens += s.base
+	}
+	if err != nil && !errors.Is(err, io.EOF) {
+		res.Err = err
+	}
+	s.mu.Lock()
+	s.res = res
+	s.mu.Unlock()
+}
+
+func (s *routed) Result() infer.Result {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.res
+}
+
+func (s *routed) Admitted() (int, int, bool) { return s.cur.Admitted() }
+func (s *routed) Resumes() int               { return s.resume }
+func (s *routed) Tokens() int                { return s.base + s.cur.Tokens() }
+
+// Node is the id of the node serving the answer now.
+func (s *routed) Node() string {
+	switch cur := s.cur.(type) {
+	case finished:
+		return cur.node
+	case *peerStream:
+		if cur.node != "" {
+			return cur.node
+		}
+		return cur.peer
+	}
+	return s.r.cfg.Self
+}
+
+// Compile-time checks that every stream fits its roles.
+var (
+	_ infer.Stream = (*peerStream)(nil)
+	_ infer.Stream = (*routed)(nil)
+	_ infer.Stream = finished{}
+	_ Resumer      = (*routed)(nil)
+	_ Server       = (*routed)(nil)
+)

@@ -1,0 +1,416 @@
+package routing
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/infernode/infernode/gossip"
+	"github.com/infernode/infernode/ring"
+	"github.com/infernode/infernode/session/infer"
+)
+
+// Membership is what routing needs of gossip. *gossip.Gossip implements it. Its methods
+// are safe for concurrent use and do not block.
+type Membership interface {
+	// Members is a snapshot of every member known, this node included.
+	Members() []gossip.Member
+	// Changes signals (coalesced) that Members may have changed.
+	Changes() <-chan struct{}
+	// SetMeta replaces this node's gossiped metadata.
+	SetMeta(gossip.Meta) error
+	// Joined reports whether this node has joined its cluster.
+	Joined() bool
+	// Addr is this node's gossip address.
+	Addr() string
+}
+
+// Engine is what routing needs of the local inference engine. Implementations are safe
+// for concurrent use.
+type Engine interface {
+	Submit(ctx context.Context, req infer.Request) (infer.Stream, error)
+	Stats() infer.Stats
+	Ready() bool
+}
+
+var _ Membership = (*gossip.Gossip)(nil)
+
+// Router is one node's view of its peers (gossip membership, its own health checks, the
+// ring) and the routing of requests to the owners of their conversations.
+type Router struct {
+	cfg    Config
+	log    *slog.Logger
+	gossip Membership
+	local  Engine
+	client *http.Client
+	clock  Clock
+	auth   *auth
+
+	mu      sync.Mutex
+	table   *ring.Table
+	members map[string]gossip.Member // by stable id: the live incarnation, else the newest
+	refused map[string]bool          // member names refused for claiming a live member's id (logged once)
+	down    map[string]chan struct{} // closed when the peer is declared down (see abandonDown)
+	leaving map[string]bool          // peers that announced a graceful leave
+
+	forwards *prometheus.CounterVec
+	resumes  prometheus.Counter
+	ringSize prometheus.GaugeFunc
+}
+
+// New builds a router. It starts nothing: Run does.
+func New(cfg Config, g Membership, local Engine) (*Router, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	clock := cfg.Clock
+	if clock == nil {
+		clock = realClock{}
+	}
+	transport := cfg.Transport
+	if transport == nil {
+		transport = &http.Transport{
+			DialContext:         (&net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second}).DialContext,
+			MaxIdleConnsPerHost: 64,
+			IdleConnTimeout:     90 * time.Second,
+		}
+	}
+	r := &Router{
+		cfg: cfg, log: log.With("component", "routing", "node", cfg.Self), gossip: g, local: local,
+		client: &http.Client{Transport: transport}, clock: clock, auth: newAuth(cfg.Secret, cfg.AcceptSecrets, clock, cfg.MaxSkew),
+		table:   ring.NewTable(cfg.Ring, cfg.Self),
+		members: map[string]gossip.Member{},
+		refused: map[string]bool{},
+		down:    map[string]chan struct{}{},
+		leaving: map[string]bool{},
+		forwards: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "infernode_forwards_total", Help: "Requests forwarded to their owner, by outcome.",
+		}, []string{"outcome"}),
+		resumes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "infernode_resumes_total", Help: "Streams resumed on another owner after theirs died mid-answer.",
+		}),
+	}
+	r.ringSize = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "infernode_ring_members", Help: "Peers on this node's ring, itself included.",
+	}, func() float64 {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return float64(len(r.table.Ring().Members()))
+	})
+	if len(cfg.Secret) == 0 {
+		r.log.Warn("hops are not authenticated (insecure): anyone who reaches this node's HTTP port can submit raw requests as a peer")
+	}
+	return r, nil
+}
+
+// Collectors are the router's Prometheus metrics.
+func (r *Router) Collectors() []prometheus.Collector {
+	return []prometheus.Collector{r.forwards, r.resumes, r.ringSize}
+}
+
+// Ready reports whether this node may be on rings: model ready and gossip joined.
+func (r *Router) Ready() (bool, string) {
+	switch {
+	case !r.local.Ready():
+		return false, "model loading or engine stopped"
+	case !r.gossip.Joined():
+		return false, "gossip has not joined the cluster yet"
+	}
+	return true, ""
+}
+
+// Run follows membership, checks peers and gossips this node's state until ctx ends.
+func (r *Router) Run(ctx context.Context) error {
+	probe := time.NewTicker(r.cfg.ProbeInterval)
+	defer probe.Stop()
+	for {
+		r.Publish()
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-r.gossip.Changes():
+			r.Sync()
+		case <-probe.C:
+			r.Sync()
+			r.ProbeAll(ctx)
+		}
+	}
+}
+
+// Publish gossips this node's readiness and load, and puts it on its own ring when ready.
+func (r *Router) Publish() {
+	ready, _ := r.Ready()
+	st := r.local.Stats()
+	err := r.gossip.SetMeta(gossip.Meta{
+		ID: r.cfg.Self, HTTPAddr: r.cfg.HTTPAddr, Fingerprint: r.cfg.Fingerprint, Ready: ready, Hop: Versions,
+		Running: st.Running, Waiting: st.Waiting, FreeKV: st.KVCells - st.KVUsed, QueueCap: r.cfg.QueueCap,
+	})
+	if err != nil {
+		r.log.Error("cannot gossip metadata", "err", err)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.table.SetSelfReady(ready) {
+		r.ringChanged()
+	}
+}
+
+// incompatible says why a peer cannot share this node's ring, or "" when it can.
+func (r *Router) incompatible(m gossip.Meta) string {
+	switch {
+	case m.Fingerprint != r.cfg.Fingerprint:
+		return "model"
+	case !m.Speaks(Major):
+		return "hop protocol"
+	}
+	return ""
+}
+
+// Sync folds gossip's member list into the table. Members with invalid metadata are kept
+// off the ring; of two live members claiming one id, the first incarnation keeps it and
+// the other is refused.
+func (r *Router) Sync() {
+	byID := map[string]gossip.Member{}
+	var dup []gossip.Member
+	for _, m := range r.gossip.Members() {
+		id := m.Meta.ID
+		if m.Invalid != "" || id == "" || id == r.cfg.Self {
+			continue
+		}
+		prev, seen := byID[id]
+		switch {
+		case !seen:
+			byID[id] = m
+		case m.State == gossip.Alive && prev.State == gossip.Alive:
+			// Names sort by incarnation (start time): the earlier one holds the id.
+			if m.Name < prev.Name {
+				byID[id], m = m, prev
+			}
+			dup = append(dup, m)
+		case m.State == gossip.Alive || (prev.State != gossip.Alive && m.Name > prev.Name):
+			byID[id] = m
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, m := range dup {
+		if !r.refused[m.Name] {
+			r.refused[m.Name] = true
+			r.log.Warn("refused a member claiming a live member's id", "id", m.Meta.ID, "name", m.Name,
+				"holder", byID[m.Meta.ID].Name, "addr", m.Addr)
+		}
+	}
+	changed := false
+	for id := range r.members {
+		if _, ok := byID[id]; !ok {
+			changed = r.table.Forget(id) || changed
+		}
+	}
+	clear(r.leaving)
+	for id, m := range byID {
+		if m.Meta.Leaving || m.State == gossip.Left {
+			r.leaving[id] = m.State != gossip.Dead
+		}
+		if m.State != gossip.Alive || m.Meta.Leaving {
+			changed = r.table.Forget(id) || changed
+		} else {
+			changed = r.table.SetFacts(id, ring.Facts{Alive: true, Ready: m.Meta.Ready, Compatible: r.incompatible(m.Meta) == ""}) || changed
+		}
+	}
+	r.members = byID
+	if changed {
+		r.ringChanged()
+	}
+	r.abandonDown()
+}
+
+// ringChanged logs the new ring and abandons forwards to peers declared down. Callers hold
+// mu.
+func (r *Router) ringChanged() {
+	r.log.Info("ring changed", "members", r.table.Ring().Members())
+	r.abandonDown()
+}
+
+// abandonDown cancels the forwards in flight to peers that are off this node's ring for
+// any reason but a graceful leave: a leaving peer finishes the streams it serves (it
+// drains), while a dead, unhealthy or vanished one may never answer. Callers hold mu.
+func (r *Router) abandonDown() {
+	members := r.table.Ring().Members()
+	for id, ch := range r.down {
+		if !slices.Contains(members, id) && !r.leaving[id] {
+			close(ch)
+			delete(r.down, id)
+		}
+	}
+}
+
+// downSignal is closed when peer leaves this node's ring (it is already closed if the peer
+// is not on it now): forwards to a peer that has been declared down give up at once
+// instead of waiting on a node that may never answer (a paused process keeps accepting
+// connections).
+func (r *Router) downSignal(peer string) <-chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ch, ok := r.down[peer]
+	if !ok {
+		ch = make(chan struct{})
+		if slices.Contains(r.table.Ring().Members(), peer) {
+			r.down[peer] = ch
+		} else {
+			close(ch)
+		}
+	}
+	return ch
+}
+
+// ProbeAll checks every live peer's /readyz at once and records the outcomes.
+func (r *Router) ProbeAll(ctx context.Context) {
+	r.mu.Lock()
+	targets := map[string]string{}
+	for id, m := range r.members {
+		if m.State == gossip.Alive && !m.Meta.Leaving {
+			targets[id] = m.Meta.HTTPAddr
+		}
+	}
+	r.mu.Unlock()
+	type result struct {
+		peer string
+		ok   bool
+	}
+	results := make(chan result, len(targets))
+	var wg sync.WaitGroup
+	for id, addr := range targets {
+		wg.Go(func() { results <- result{id, r.probe(ctx, addr)} })
+	}
+	wg.Wait()
+	close(results)
+	for res := range results {
+		r.observe(res.peer, res.ok, "probe")
+	}
+}
+
+func (r *Router) probe(ctx context.Context, addr string) bool {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	t := r.clock.AfterFunc(r.cfg.ProbeTimeout, cancel)
+	defer t.Stop()
+	req, err := http.NewRequestWithContext(ctx, "GET", peerURL(addr, "/readyz"), nil)
+	if err != nil {
+		return false
+	}
+	resp, err := r.client.Do(req)
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+// peerURL builds a URL on a peer from its validated host:port.
+func peerURL(addr, path string) string {
+	return (&url.URL{Scheme: "http", Host: addr, Path: path}).String()
+}
+
+// observe records one check of peer's health: a probe, or a forward's outcome.
+func (r *Router) observe(peer string, ok bool, by string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.table.Observe(peer, ok) {
+		r.log.Info("peer health changed", "peer", peer, "healthy", ok, "by", by)
+		r.ringChanged()
+	}
+}
+
+// candidate is a peer that may serve a key.
+type candidate struct {
+	id, addr string
+	full     bool // its gossiped queue is full
+}
+
+// candidates are the peers to try for key, owner first.
+func (r *Router) candidates(key string) []candidate {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ids, err := r.table.Ring().Owners(key, r.cfg.Candidates)
+	if err != nil {
+		return nil // an empty ring: the caller serves locally
+	}
+	out := make([]candidate, 0, len(ids))
+	for _, id := range ids {
+		m := r.members[id]
+		out = append(out, candidate{id: id, addr: m.Meta.HTTPAddr, full: m.Meta.Full()})
+	}
+	return out
+}
+
+// View is the cluster as this node sees it (GET /v1/cluster).
+type View struct {
+	Self    string       `json:"self"`
+	Members []MemberView `json:"members"`
+}
+
+// MemberView is one member in View.
+type MemberView struct {
+	ID         string         `json:"id"`
+	HTTPAddr   string         `json:"http_addr"`
+	GossipAddr string         `json:"gossip_addr"`
+	State      string         `json:"state"` // alive, suspect (alive in gossip, failing checks), dead, left
+	Healthy    bool           `json:"healthy"`
+	Ready      bool           `json:"ready"`
+	Compatible bool           `json:"compatible"`
+	Reason     string         `json:"incompatible,omitempty"` // what differs: "model" or "hop protocol"
+	Hop        []int          `json:"hop"`                    // hop protocol major versions spoken
+	OnRing     bool           `json:"on_ring"`
+	RingShare  float64        `json:"ring_share"`
+	Load       map[string]int `json:"load"`
+}
+
+// View returns the cluster as this node sees it.
+func (r *Router) View() View {
+	ready, _ := r.Ready()
+	st := r.local.Stats()
+	selfAddr := r.gossip.Addr()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	shares := r.table.Ring().Shares()
+	v := View{Self: r.cfg.Self}
+	v.Members = append(v.Members, MemberView{
+		ID: r.cfg.Self, HTTPAddr: r.cfg.HTTPAddr, GossipAddr: selfAddr, State: "alive", Healthy: true, Ready: ready,
+		Compatible: true, Hop: Versions, OnRing: shares[r.cfg.Self] > 0, RingShare: shares[r.cfg.Self],
+		Load: map[string]int{"running": st.Running, "waiting": st.Waiting, "free_kv": st.KVCells - st.KVUsed},
+	})
+	peers := map[string]ring.Peer{}
+	for _, p := range r.table.Peers() {
+		peers[p.ID] = p
+	}
+	for id, m := range r.members {
+		p := peers[id]
+		state := string(m.State)
+		if m.State == gossip.Alive && !p.Healthy {
+			state = "suspect"
+		}
+		if m.Meta.Leaving {
+			state = "left"
+		}
+		why := r.incompatible(m.Meta)
+		v.Members = append(v.Members, MemberView{
+			ID: id, HTTPAddr: m.Meta.HTTPAddr, GossipAddr: m.Addr, State: state, Healthy: p.Healthy, Ready: m.Meta.Ready,
+			Compatible: why == "", Reason: why, Hop: m.Meta.Hop, OnRing: p.OnRing, RingShare: shares[id],
+			Load: map[string]int{"running": m.Meta.Running, "waiting": m.Meta.Waiting, "free_kv": m.Meta.FreeKV},
+		})
+	}
+	slices.SortFunc(v.Members[1:], func(a, b MemberView) int { return strings.Compare(a.ID, b.ID) })
+	return v
+}

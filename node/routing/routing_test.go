@@ -1,0 +1,330 @@
+package routing
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/infernode/infernode/gossip"
+	"github.com/infernode/infernode/session/infer"
+)
+
+// uninterrupted is what the fake engine answers to a fresh prompt with max tokens n.
+func uninterrupted(n int) string {
+	var b strings.Builder
+	for i := range n {
+		b.WriteString(" w" + strconv.Itoa(i))
+	}
+	return b.String()
+}
+
+// servedBy is the node serving st: a routed stream says; a local one is the entry's.
+func servedBy(st infer.Stream) string {
+	if s, ok := st.(Server); ok {
+		return s.Node()
+	}
+	return "a"
+}
+
+func resumes(st infer.Stream) int {
+	if r, ok := st.(Resumer); ok {
+		return r.Resumes()
+	}
+	return 0
+}
+
+func TestRouting(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		owners   []string          // the key's owners, in order
+		scripts  map[string]script // by node ("a" is the entry's local engine)
+		want     string            // the node that serves the answer
+		health   map[string]bool   // peers' health on the entry's ring afterwards (true: still on it)
+		resumes  int
+		wantErr  bool
+		tokens   int // max tokens
+		failures int // how many times the request is sent
+	}{
+		{name: "owner is a peer", owners: []string{"b"}, want: "b", health: map[string]bool{"b": true}},
+		{name: "owner is self", owners: []string{"a"}, want: "a"},
+		{name: "refused owner: next owner serves, one failed check", owners: []string{"b", "c"},
+			scripts: map[string]script{"b": {refuse: true}}, want: "c", health: map[string]bool{"b": true, "c": true}},
+		{name: "refused three times: owner off the ring", owners: []string{"b", "c"}, failures: 3,
+			scripts: map[string]script{"b": {refuse: true}}, want: "c", health: map[string]bool{"b": false, "c": true}},
+		{name: "busy owner spills over and stays healthy", owners: []string{"b", "c"}, failures: 5,
+			scripts: map[string]script{"b": {busy: true}}, want: "c", health: map[string]bool{"b": true}},
+		{name: "busy local owner spills over", owners: []string{"a", "b"},
+			scripts: map[string]script{"a": {busy: true}}, want: "b"},
+		{name: "every candidate busy: 503", owners: []string{"b", "c", "a"},
+			scripts: map[string]script{"a": {busy: true}, "b": {busy: true}, "c": {busy: true}}, wantErr: true},
+		{name: "owner dies mid-stream: resumed exactly", owners: []string{"b", "c"}, tokens: 8,
+			scripts: map[string]script{"b": {crashAfter: 3}}, want: "c", resumes: 1, health: map[string]bool{"b": true}},
+		{name: "two owners die: resumed twice", owners: []string{"b", "c", "a"}, tokens: 8,
+			scripts: map[string]script{"b": {crashAfter: 2}, "c": {crashAfter: 3}}, want: "a", resumes: 2},
+		{name: "owner dies after the last token: answer whole", owners: []string{"b", "c"}, tokens: 4,
+			scripts: map[string]script{"b": {crashAfter: 4}}, want: "b"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCluster(t, "b", "c")
+			key := c.keyOwnedBy(tc.owners...)
+			for id, s := range tc.scripts {
+				if id == "a" {
+					c.local.set(s)
+					continue
+				}
+				c.peers[id].engine.set(s)
+				if s.refuse {
+					c.net.add(id+":80", nil)
+				}
+			}
+			tokens := max(tc.tokens, 4)
+			for i := range max(tc.failures, 1) {
+				st, err := c.entry.Submit(t.Context(), greedy(key, "hello there", tokens))
+				if tc.wantErr {
+					var e *Error
+					if !errors.Is(err, infer.ErrOverloaded) && !(errors.As(err, &e) && e.Status == 503) {
+						t.Fatalf("Submit = %v, want the last owner's overload", err)
+					}
+					return
+				}
+				if err != nil {
+					t.Fatalf("request %d: Submit: %v", i, err)
+				}
+				text, res := collect(st)
+				if res.Err != nil {
+					t.Fatalf("request %d: answer failed: %v", i, res.Err)
+				}
+				if want := uninterrupted(tokens); text != want {
+					t.Errorf("request %d: text %q, want %q", i, text, want)
+				}
+				if res.CompletionTokens != tokens || (tc.want != "a" && res.PromptTokens != 2) {
+					t.Errorf("request %d: prompt %d completion %d tokens, want 2 and %d", i, res.PromptTokens, res.CompletionTokens, tokens)
+				}
+				if node := servedBy(st); node != tc.want {
+					t.Errorf("request %d: served by %q, want %q", i, node, tc.want)
+				}
+				if got := resumes(st); got != tc.resumes && i == 0 {
+					t.Errorf("resumes = %d, want %d", got, tc.resumes)
+				}
+			}
+			for id, up := range tc.health {
+				if c.onRing(id) != up {
+					t.Errorf("%s on the ring = %v, want %v (ring %v)", id, !up, up, c.entry.table.Ring().Members())
+				}
+			}
+		})
+	}
+}
+
+// A peer that takes the request but sends no headers within HeaderTimeout counts as failed
+// and the next owner serves; its request is canceled.
+func TestHeaderTimeout(t *testing.T) {
+	c := newCluster(t, "b", "c")
+	key := c.keyOwnedBy("b", "c")
+	c.peers["b"].engine.set(script{hang: true})
+	done := make(chan infer.Stream, 1)
+	go func() {
+		st, err := c.entry.Submit(t.Context(), greedy(key, "hi", 4))
+		if err != nil {
+			t.Errorf("Submit: %v", err)
+		}
+		done <- st
+	}()
+	<-c.peers["b"].engine.started
+	c.clock.Advance(c.entry.cfg.HeaderTimeout - time.Millisecond)
+	select {
+	case <-done:
+		t.Fatal("gave up on the owner before the header timeout")
+	default:
+	}
+	c.clock.Advance(time.Millisecond)
+	st := <-done
+	if node := servedBy(st); node != "c" {
+		t.Errorf("served by %q, want c after b timed out", node)
+	}
+	if text, _ := collect(st); text != uninterrupted(4) {
+		t.Errorf("text %q", text)
+	}
+	for c.peers["b"].engine.canceled.Load() == 0 {
+		time.Sleep(time.Millisecond) // the handler sees its context end asynchronously
+	}
+}
+
+// Canceling the client's request crosses the hop: the owner's generation is canceled.
+func TestCancelAcrossHop(t *testing.T) {
+	c := newCluster(t, "b")
+	key := c.keyOwnedBy("b")
+	ctx, cancel := context.WithCancel(t.Context())
+	st, err := c.entry.Submit(ctx, greedy(key, "hi", 1000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	var rerr error
+	for rerr == nil {
+		_, rerr = st.Recv()
+	}
+	if resumes(st) != 0 {
+		t.Error("a canceled stream was resumed elsewhere")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for c.peers["b"].engine.canceled.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the owner's generation was not canceled")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// A peer announcing a graceful leave gets no new requests at once, without waiting for
+// health checks; streams in flight to it are not canceled.
+func TestLeavingPeer(t *testing.T) {
+	c := newCluster(t, "b", "c")
+	key := c.keyOwnedBy("b", "c")
+	inflight, err := c.entry.Submit(t.Context(), greedy(key, "hi", 1000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := inflight.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaving := member("b")
+	leaving.Meta.Leaving = true
+	c.members.set(leaving, member("c"))
+	c.entry.Sync()
+	if c.onRing("b") {
+		t.Fatal("a leaving peer is still on the ring")
+	}
+	st, err := c.entry.Submit(t.Context(), greedy(key, "hi", 4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if node := servedBy(st); node != "c" {
+		t.Errorf("new request served by %q, want c", node)
+	}
+	rest, res := collect(inflight)
+	if res.Err != nil || first+rest != uninterrupted(1000) || resumes(inflight) != 0 {
+		t.Errorf("stream in flight to the leaving peer: %q err %v resumes %d, want it finished there",
+			first+rest, res.Err, resumes(inflight))
+	}
+}
+
+// A peer declared dead leaves the ring and the streams in flight to it are abandoned and
+// resumed on the next owner.
+func TestDeadPeerCancelsForwards(t *testing.T) {
+	c := newCluster(t, "b", "c")
+	key := c.keyOwnedBy("b", "c")
+	st, err := c.entry.Submit(t.Context(), greedy(key, "hi", 1000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, _ := st.Recv()
+	dead := member("b")
+	dead.State = gossip.Dead
+	c.members.set(dead, member("c"))
+	c.entry.Sync()
+	rest, res := collect(st)
+	if res.Err != nil || first+rest != uninterrupted(1000) {
+		t.Errorf("answer %q err %v", first+rest, res.Err)
+	}
+	if resumes(st) != 1 || servedBy(st) != "c" {
+		t.Errorf("resumes %d on %q, want 1 on c", resumes(st), servedBy(st))
+	}
+}
+
+// Peers that speak another major version of the hop, serve another model, or send invalid
+// metadata stay off the ring; of two live members claiming one id, the first keeps it.
+func TestEligibility(t *testing.T) {
+	c := newCluster(t, "b")
+	newer := member("c")
+	newer.Meta.Hop = []int{2}
+	other := member("d")
+	other.Meta.Fingerprint = "another-model"
+	invalid := member("e")
+	invalid.Invalid = "metadata id does not match"
+	impostor := member("b")
+	impostor.Name, impostor.Meta.HTTPAddr = "b#2", "evil:80"
+	c.members.set(member("b"), impostor, newer, other, invalid)
+	c.entry.Sync()
+	for range 3 {
+		c.entry.ProbeAll(t.Context())
+	}
+	if got := c.entry.table.Ring().Members(); strings.Join(got, ",") != "a,b" {
+		t.Errorf("ring = %v, want [a b]", got)
+	}
+	if m := c.entry.members["b"]; m.Name != "b#1" {
+		t.Errorf("id b held by %q, want the first incarnation b#1", m.Name)
+	}
+	reasons := map[string]string{}
+	for _, m := range c.entry.View().Members {
+		reasons[m.ID] = m.Reason
+	}
+	if reasons["c"] != "hop protocol" || reasons["d"] != "model" {
+		t.Errorf("incompatibility reasons = %v", reasons)
+	}
+	if _, listed := reasons["e"]; listed {
+		t.Error("a member with invalid metadata is in the view's ring candidates")
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	good := testConfig("a", newFakeClock(), nil)
+	if err := good.Validate(); err != nil {
+		t.Fatalf("good config: %v", err)
+	}
+	for _, tc := range []struct {
+		name string
+		edit func(*Config)
+		want string
+	}{
+		{"zero probe interval", func(c *Config) { c.ProbeInterval = 0 }, "probe interval"},
+		{"probe timeout over interval", func(c *Config) { c.ProbeTimeout = time.Second }, "probe timeout"},
+		{"no secret", func(c *Config) { c.Secret = nil }, "cluster secret is required"},
+		{"short secret", func(c *Config) { c.Secret = []byte("short") }, "at least 16 bytes"},
+		{"negative header timeout", func(c *Config) { c.HeaderTimeout = -1 }, "header timeout"},
+		{"no candidates", func(c *Config) { c.Candidates = 0 }, "candidates"},
+		{"bad ring", func(c *Config) { c.Ring.DownAfter = 0 }, "down-after"},
+	} {
+		cfg := good
+		tc.edit(&cfg)
+		if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: Validate() = %v, want an error naming %q", tc.name, err, tc.want)
+		}
+	}
+	cfg := good
+	cfg.Secret, cfg.Insecure = nil, true
+	if err := cfg.Validate(); err != nil {
+		t.Errorf("insecure without a secret: %v", err)
+	}
+}
+
+// A rotation: a hop signed with a secret this node only accepts is verified; one signed
+// with a secret it does not know is refused; none of them can be replayed.
+func TestAuthRotation(t *testing.T) {
+	clock := newFakeClock()
+	oldKey, newKey := []byte("old-secret-0123456789abcdef"), []byte("new-secret-0123456789abcdef")
+	receiver := newAuth(oldKey, [][]byte{newKey}, clock, 30*time.Second)
+	body := []byte(`{"prompt":"hi"}`)
+	for _, tc := range []struct {
+		name string
+		key  []byte
+		ok   bool
+	}{{"primary", oldKey, true}, {"accepted", newKey, true}, {"unknown", []byte("another-secret-0123456789"), false}} {
+		h := map[string]string{}
+		newAuth(tc.key, nil, clock, 30*time.Second).sign(func(k, v string) { h[k] = v }, "POST", Path, "b", "a", body)
+		in := Inbound{Method: "POST", Path: Path, Body: body, Header: func(k string) string { return h[k] }}
+		if err := receiver.verify(in, "a"); (err == nil) != tc.ok {
+			t.Errorf("%s key: verify = %v, want ok %v", tc.name, err, tc.ok)
+		}
+		if err := receiver.verify(in, "a"); err == nil {
+			t.Errorf("%s key: a replay was accepted", tc.name)
+		}
+	}
+}

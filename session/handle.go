@@ -1,0 +1,56 @@
+package session
+
+import (
+	"context"
+	"sync/atomic"
+
+	"github.com/infernode/infernode/session/infer"
+)
+
+// Handle is an engine that can be handed out before it exists: a node serves its API
+// (answering "not ready") while the model loads. Until Set, it is not ready and refuses
+// requests with ErrClosed. It is safe for concurrent use.
+type Handle struct {
+	e atomic.Pointer[Engine]
+}
+
+// Set makes e the engine that serves requests.
+func (h *Handle) Set(e *Engine) { h.e.Store(e) }
+
+// Submit starts a generation; see Engine.Submit.
+func (h *Handle) Submit(ctx context.Context, req infer.Request) (infer.Stream, error) {
+	e := h.e.Load()
+	if e == nil {
+		return nil, ErrClosed
+	}
+	s, err := e.Submit(ctx, req)
+	if err != nil {
+		return nil, err // not a typed nil *Stream in an interface
+	}
+	return s, nil
+}
+
+// ChatPrompt formats a conversation; see Engine.ChatPrompt.
+func (h *Handle) ChatPrompt(msgs []Message) (string, error) {
+	e := h.e.Load()
+	if e == nil {
+		return "", ErrClosed
+	}
+	return e.ChatPrompt(msgs)
+}
+
+// Stats is the engine's snapshot, or zero before Set.
+func (h *Handle) Stats() Stats {
+	if e := h.e.Load(); e != nil {
+		return e.Stats()
+	}
+	return Stats{}
+}
+
+// Ready reports whether the engine is set, loaded and warmed.
+func (h *Handle) Ready() bool {
+	e := h.e.Load()
+	return e != nil && e.Ready()
+}
+
+var _ infer.Stream = (*Stream)(nil)
