@@ -98,8 +98,8 @@ func (s *Server) parseCompletion(ctx *fasthttp.RequestCtx, chat bool) (*completi
 		switch {
 		case !r.Prompt.Set || r.Prompt.Text == "":
 			return nil, badRequest("prompt", "prompt must be a non-empty string")
-		case strings.ContainsRune(r.Prompt.Text, 0):
-			return nil, badRequest("prompt", "prompt contains a NUL byte")
+		case strings.ContainsRune(r.Prompt.Text, 0) || strings.ContainsRune(r.Prompt.Text, '\uFDD0'):
+			return nil, badRequest("prompt", "prompt contains a NUL byte or U+FDD0")
 		case r.Echo != nil && *r.Echo:
 			return nil, unsupported("echo")
 		case r.Suffix != nil && *r.Suffix != "":

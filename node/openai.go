@@ -274,8 +274,8 @@ func (r *chatRequest) chatMessages() ([]infer.Message, error) {
 		if m.Content.Null && role != "assistant" {
 			return nil, badRequest(fmt.Sprintf("messages[%d].content", i), "message %d (%s) has no content", i, role)
 		}
-		if strings.ContainsRune(m.Content.Text, 0) {
-			return nil, badRequest(fmt.Sprintf("messages[%d].content", i), "message %d contains a NUL byte", i)
+		if strings.ContainsRune(m.Content.Text, 0) || strings.ContainsRune(m.Content.Text, '\uFDD0') {
+			return nil, badRequest(fmt.Sprintf("messages[%d].content", i), "message %d contains a NUL byte or U+FDD0", i)
 		}
 		out = append(out, infer.Message{Role: role, Content: m.Content.Text})
 	}

@@ -19,18 +19,20 @@ const DefaultChatTemplate = "chatml"
 
 // contentMark delimits message content inside a formatted chat prompt. Content is data:
 // Submit tokenizes what lies between two marks without turning control-token text (such
-// as "<|im_start|>system") into control tokens, so only the template places them. Content
-// may not contain the mark itself (a NUL byte).
-const contentMark = "\x00"
+// as "<|im_start|>system") into control tokens, so only the template places them. The mark
+// is U+FDD0, a Unicode noncharacter (reserved for a program's internal use, and a valid
+// byte sequence in the C strings llama.cpp's templates take); content may not contain it,
+// nor NUL.
+const contentMark = "\uFDD0"
 
 // ChatPrompt formats a conversation with the model's chat template (or
 // DefaultChatTemplate) and opens the assistant's turn. Message contents are marked as
-// data (see contentMark); a content holding a NUL byte is refused.
+// data (see contentMark).
 func (e *Engine) ChatPrompt(msgs []Message) (string, error) {
 	lmsgs := make([]llama.Message, len(msgs))
 	for i, m := range msgs {
-		if strings.Contains(m.Content, contentMark) {
-			return "", &InvalidError{Param: fmt.Sprintf("messages[%d].content", i), Reason: "must not contain NUL bytes"}
+		if strings.Contains(m.Content, contentMark) || strings.ContainsRune(m.Content, 0) {
+			return "", &InvalidError{Param: fmt.Sprintf("messages[%d].content", i), Reason: "must not contain NUL or U+FDD0"}
 		}
 		lmsgs[i] = llama.Message{Role: m.Role, Content: contentMark + m.Content + contentMark}
 	}

@@ -449,6 +449,9 @@ func TestContentIsData(t *testing.T) {
 	}
 	// The marks change nothing for benign content: the same tokens as the unmarked prompt.
 	p, _ := e.ChatPrompt([]Message{{Role: "user", Content: "tell me about the river"}})
+	if !strings.Contains(p, contentMark+"tell me about the river"+contentMark) {
+		t.Fatalf("chat prompt %q does not hold the marked content", p)
+	}
 	plain, err := e.model.Tokenize(strings.ReplaceAll(p, contentMark, ""), true, true)
 	if err != nil {
 		t.Fatal(err)
@@ -456,7 +459,9 @@ func TestContentIsData(t *testing.T) {
 	if fmt.Sprint(plain) != fmt.Sprint(benignToks) {
 		t.Errorf("benign chat tokens %v, want the unmarked prompt's %v", benignToks, plain)
 	}
-	if _, err := e.ChatPrompt([]Message{{Role: "user", Content: "a\x00b"}}); !errors.Is(err, ErrInvalid) {
-		t.Errorf("content with NUL: %v, want ErrInvalid", err)
+	for _, bad := range []string{"a\x00b", "a" + contentMark + "b"} {
+		if _, err := e.ChatPrompt([]Message{{Role: "user", Content: bad}}); !errors.Is(err, ErrInvalid) {
+			t.Errorf("content %q: %v, want ErrInvalid", bad, err)
+		}
 	}
 }

@@ -286,6 +286,9 @@ func (n *Node) Restart(ctx context.Context) error {
 	return n.start(ctx)
 }
 
+// Secret is the cluster secret every node was given.
+func (c *Cluster) Secret() string { return c.cfg.Secret }
+
 // Close kills every node.
 func (c *Cluster) Close() {
 	for _, n := range c.Nodes {
@@ -304,13 +307,15 @@ type ClusterView struct {
 
 // MemberView is one member of a ClusterView.
 type MemberView struct {
-	ID         string  `json:"id"`
-	State      string  `json:"state"`
-	Healthy    bool    `json:"healthy"`
-	Ready      bool    `json:"ready"`
-	Compatible bool    `json:"compatible"`
-	OnRing     bool    `json:"on_ring"`
-	RingShare  float64 `json:"ring_share"`
+	ID          string  `json:"id"`
+	HTTPAddr    string  `json:"http_addr"`
+	Fingerprint string  `json:"fingerprint"`
+	State       string  `json:"state"`
+	Healthy     bool    `json:"healthy"`
+	Ready       bool    `json:"ready"`
+	Compatible  bool    `json:"compatible"`
+	OnRing      bool    `json:"on_ring"`
+	RingShare   float64 `json:"ring_share"`
 }
 
 // View asks a node for its view of the cluster.

@@ -57,6 +57,7 @@ type Router struct {
 	mu      sync.Mutex
 	table   *ring.Table
 	members map[string]gossip.Member // by stable id: the live incarnation, else the newest
+	holder  map[string]string        // id → the live member name that holds it
 	refused map[string]bool          // member names refused for claiming a live member's id (logged once)
 	down    map[string]chan struct{} // closed when the peer is declared down (see abandonDown)
 	leaving map[string]bool          // peers that announced a graceful leave
@@ -92,6 +93,7 @@ func New(cfg Config, g Membership, local Engine) (*Router, error) {
 		client: &http.Client{Transport: transport}, clock: clock, auth: newAuth(cfg.Secret, cfg.AcceptSecrets, clock, cfg.MaxSkew),
 		table:   ring.NewTable(cfg.Ring, cfg.Self),
 		members: map[string]gossip.Member{},
+		holder:  map[string]string{},
 		refused: map[string]bool{},
 		down:    map[string]chan struct{}{},
 		leaving: map[string]bool{},
@@ -179,12 +181,16 @@ func (r *Router) incompatible(m gossip.Meta) string {
 }
 
 // Sync folds gossip's member list into the table. Members with invalid metadata are kept
-// off the ring; of two live members claiming one id, the first incarnation keeps it and
-// the other is refused.
+// off the ring. Of two live members claiming one id, the one this node saw first keeps it
+// and the other is refused (a restarted node takes its id over once its old incarnation
+// is dead or gone).
 func (r *Router) Sync() {
+	members := r.gossip.Members()
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	byID := map[string]gossip.Member{}
 	var dup []gossip.Member
-	for _, m := range r.gossip.Members() {
+	for _, m := range members {
 		id := m.Meta.ID
 		if m.Invalid != "" || id == "" || id == r.cfg.Self {
 			continue
@@ -194,8 +200,7 @@ func (r *Router) Sync() {
 		case !seen:
 			byID[id] = m
 		case m.State == gossip.Alive && prev.State == gossip.Alive:
-			// Names sort by incarnation (start time): the earlier one holds the id.
-			if m.Name < prev.Name {
+			if r.holder[id] == m.Name || (r.holder[id] != prev.Name && m.Name > prev.Name) {
 				byID[id], m = m, prev
 			}
 			dup = append(dup, m)
@@ -203,8 +208,11 @@ func (r *Router) Sync() {
 			byID[id] = m
 		}
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	for id, m := range byID {
+		if m.State == gossip.Alive {
+			r.holder[id] = m.Name
+		}
+	}
 	for _, m := range dup {
 		if !r.refused[m.Name] {
 			r.refused[m.Name] = true
@@ -371,6 +379,7 @@ type MemberView struct {
 	Ready      bool           `json:"ready"`
 	Compatible bool           `json:"compatible"`
 	Reason     string         `json:"incompatible,omitempty"` // what differs: "model" or "hop protocol"
+	Model      string         `json:"fingerprint"`            // model and KV-layout fingerprint
 	Hop        []int          `json:"hop"`                    // hop protocol major versions spoken
 	OnRing     bool           `json:"on_ring"`
 	RingShare  float64        `json:"ring_share"`
@@ -388,7 +397,7 @@ func (r *Router) View() View {
 	v := View{Self: r.cfg.Self}
 	v.Members = append(v.Members, MemberView{
 		ID: r.cfg.Self, HTTPAddr: r.cfg.HTTPAddr, GossipAddr: selfAddr, State: "alive", Healthy: true, Ready: ready,
-		Compatible: true, Hop: Versions, OnRing: shares[r.cfg.Self] > 0, RingShare: shares[r.cfg.Self],
+		Compatible: true, Model: r.cfg.Fingerprint, Hop: Versions, OnRing: shares[r.cfg.Self] > 0, RingShare: shares[r.cfg.Self],
 		Load: map[string]int{"running": st.Running, "waiting": st.Waiting, "free_kv": st.KVCells - st.KVUsed},
 	})
 	peers := map[string]ring.Peer{}
@@ -407,7 +416,7 @@ func (r *Router) View() View {
 		why := r.incompatible(m.Meta)
 		v.Members = append(v.Members, MemberView{
 			ID: id, HTTPAddr: m.Meta.HTTPAddr, GossipAddr: m.Addr, State: state, Healthy: p.Healthy, Ready: m.Meta.Ready,
-			Compatible: why == "", Reason: why, Hop: m.Meta.Hop, OnRing: p.OnRing, RingShare: shares[id],
+			Compatible: why == "", Reason: why, Model: m.Meta.Fingerprint, Hop: m.Meta.Hop, OnRing: p.OnRing, RingShare: shares[id],
 			Load: map[string]int{"running": m.Meta.Running, "waiting": m.Meta.Waiting, "free_kv": m.Meta.FreeKV},
 		})
 	}

@@ -249,8 +249,8 @@ func TestEligibility(t *testing.T) {
 	other.Meta.Fingerprint = "another-model"
 	invalid := member("e")
 	invalid.Invalid = "metadata id does not match"
-	impostor := member("b")
-	impostor.Name, impostor.Meta.HTTPAddr = "b#2", "evil:80"
+	impostor := member("b") // an earlier-looking incarnation, seen later
+	impostor.Name, impostor.Meta.HTTPAddr = "b#0", "evil:80"
 	c.members.set(member("b"), impostor, newer, other, invalid)
 	c.entry.Sync()
 	for range 3 {
@@ -260,7 +260,7 @@ func TestEligibility(t *testing.T) {
 		t.Errorf("ring = %v, want [a b]", got)
 	}
 	if m := c.entry.members["b"]; m.Name != "b#1" {
-		t.Errorf("id b held by %q, want the first incarnation b#1", m.Name)
+		t.Errorf("id b held by %q, want b#1, seen first", m.Name)
 	}
 	reasons := map[string]string{}
 	for _, m := range c.entry.View().Members {
@@ -271,6 +271,14 @@ func TestEligibility(t *testing.T) {
 	}
 	if _, listed := reasons["e"]; listed {
 		t.Error("a member with invalid metadata is in the view's ring candidates")
+	}
+	// Once the holder is dead, a restarted incarnation takes the id over.
+	old, restarted := member("b"), member("b")
+	old.State, restarted.Name = gossip.Dead, "b#2"
+	c.members.set(old, restarted)
+	c.entry.Sync()
+	if m := c.entry.members["b"]; m.Name != "b#2" {
+		t.Errorf("after b#1 died, id b held by %q, want b#2", m.Name)
 	}
 }
 
