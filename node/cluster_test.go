@@ -274,6 +274,17 @@ func TestHopAuthentication(t *testing.T) {
 		t.Errorf("invalid hops reached the engine %d times", n)
 	}
 
+	// One hop at most: a forwarded request is served where it lands, even when that node's
+	// ring says another node owns the conversation.
+	foreign := ownedBy(t, nodes[0], "n1", 1)[0]
+	n1Before := nodes[0].engine.served.Load()
+	h := hop{from: "n1", to: "n2", key: testSecret,
+		body: `{"model":"fake","session_id":"s:` + principal("", "") + `:` + foreign + `","prompt":"hi","temperature":0,"top_p":1}`}
+	if status, out := h.send(t, target.url); status != 200 || nodes[0].engine.served.Load() != n1Before {
+		t.Errorf("hop for a conversation n1 owns: status %d (%s), n1 served %d more, want 200 from n2 and no second hop",
+			status, out, nodes[0].engine.served.Load()-n1Before)
+	}
+
 	// Through the front door, the entry node signs its own forwards.
 	sid := ownedBy(t, nodes[0], "n2", 1)[0]
 	resp := postJSON(t, nodes[0].url+"/v1/completions", `{"prompt":"hello","max_tokens":1}`, "X-Session-ID", sid)

@@ -1,0 +1,98 @@
+package session
+
+import (
+	"slices"
+	"testing"
+)
+
+// Placement needs no model: these table tests build the engine's slots by hand, as
+// ollama's cache-slot tests do.
+
+// slots makes idle or running slots: each spec is a key, its cached tokens, whether a
+// request runs in it (reserving its tokens plus max tokens), and when it was last used.
+type slotSpec struct {
+	key     string
+	tokens  int
+	running int // >0: a running request reserving this many cells
+	used    uint64
+}
+
+func testEngine(cells int, unified bool, specs ...slotSpec) *Engine {
+	e := &Engine{cfg: Config{Cells: cells, UnifiedKV: unified}}
+	for i, sp := range specs {
+		s := &slot{seq: i, key: sp.key, tokens: make([]int32, sp.tokens), lastUsed: sp.used}
+		for k := range s.tokens {
+			s.tokens[k] = int32(k)
+		}
+		if sp.running > 0 {
+			s.job = &job{prompt: make([]int32, sp.running)}
+		}
+		e.slots = append(e.slots, s)
+	}
+	return e
+}
+
+func prompt(n int) []int32 {
+	p := make([]int32, n)
+	for i := range p {
+		p[i] = int32(i)
+	}
+	return p
+}
+
+func TestPlace(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		cells     int
+		unified   bool
+		slots     []slotSpec
+		key       string
+		prompt    int
+		maxTokens int
+		ok        bool
+		slot      int   // the slot chosen
+		reuse     int   // cached tokens reused
+		evict     []int // slots evicted, in order
+	}{
+		{name: "own idle slot, prefix reused minus the last token", cells: 1000, unified: true,
+			slots: []slotSpec{{key: "x", tokens: 50, used: 1}, {key: "", tokens: 0}}, key: "x", prompt: 60, maxTokens: 10,
+			ok: true, slot: 0, reuse: 50},
+		{name: "whole prompt cached: the last token is decoded again", cells: 1000, unified: true,
+			slots: []slotSpec{{key: "x", tokens: 60, used: 1}}, key: "x", prompt: 60, maxTokens: 10, ok: true, slot: 0, reuse: 59},
+		{name: "empty slot before evicting", cells: 1000, unified: true,
+			slots: []slotSpec{{key: "a", tokens: 10, used: 1}, {}}, key: "y", prompt: 20, maxTokens: 10, ok: true, slot: 1},
+		{name: "least recently used idle slot is taken", cells: 1000, unified: true,
+			slots: []slotSpec{{key: "a", tokens: 10, used: 5}, {key: "b", tokens: 10, used: 2}, {key: "c", tokens: 10, used: 9}},
+			key: "y", prompt: 20, maxTokens: 10, ok: true, slot: 1},
+		{name: "running slots are never taken", cells: 1000, unified: true,
+			slots: []slotSpec{{key: "a", tokens: 10, running: 20}, {key: "b", tokens: 10, running: 20}},
+			key: "y", prompt: 20, maxTokens: 10, ok: false},
+		{name: "cells: idle conversations evicted LRU first until the reservation fits", cells: 100, unified: true,
+			slots: []slotSpec{{key: "a", tokens: 30, used: 3}, {key: "b", tokens: 30, used: 1}, {key: "c", tokens: 30, used: 2}, {}},
+			key: "y", prompt: 30, maxTokens: 20, ok: true, slot: 3, evict: []int{1, 2}},
+		{name: "cells: running reservations are never evicted", cells: 100, unified: true,
+			slots: []slotSpec{{key: "a", tokens: 10, running: 80}, {}}, key: "y", prompt: 20, maxTokens: 10, ok: false},
+		{name: "partitions: no cell accounting", cells: 100, unified: false,
+			slots: []slotSpec{{key: "a", tokens: 10, running: 90}, {}}, key: "y", prompt: 50, maxTokens: 50, ok: true, slot: 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := testEngine(tc.cells, tc.unified, tc.slots...)
+			j := &job{req: Request{SessionID: tc.key}, prompt: prompt(tc.prompt), maxTokens: tc.maxTokens}
+			p, ok := e.place(j)
+			if ok != tc.ok {
+				t.Fatalf("place ok = %v, want %v", ok, tc.ok)
+			}
+			if !ok {
+				return
+			}
+			var evicted []int
+			for _, s := range p.evict {
+				evicted = append(evicted, s.seq)
+			}
+			if p.slot.seq != tc.slot || p.reuse != tc.reuse || !slices.Equal(evicted, tc.evict) {
+				t.Errorf("placement = slot %d reuse %d evict %v, want slot %d reuse %d evict %v",
+					p.slot.seq, p.reuse, evicted, tc.slot, tc.reuse, tc.evict)
+			}
+		})
+	}
+}
