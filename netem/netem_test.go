@@ -1,11 +1,14 @@
 package netem
 
 import (
+	"fmt"
 	"net"
 	"os/exec"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/infernode/infernode/internal/testenv"
 )
 
 // tcpReach reports whether host h gets an answer (accepted or refused) to a TCP
@@ -18,7 +21,7 @@ func tcpReach(t *testing.T, h *Host, ip string) bool {
 
 func TestTopologyAndFaults(t *testing.T) {
 	if err := Available(); err != nil {
-		t.Skipf("network namespaces unavailable: %v", err)
+		testenv.Require(t, false, fmt.Sprintf("network namespaces unavailable (they need root): %v", err))
 	}
 	topo, err := New("inft", 3)
 	if err != nil {
@@ -90,7 +93,7 @@ func TestTopologyAndFaults(t *testing.T) {
 
 func TestCleanupRemovesLeftovers(t *testing.T) {
 	if err := Available(); err != nil {
-		t.Skipf("network namespaces unavailable: %v", err)
+		testenv.Require(t, false, fmt.Sprintf("network namespaces unavailable (they need root): %v", err))
 	}
 	topo, err := New("infc", 2)
 	if err != nil {

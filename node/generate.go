@@ -309,6 +309,11 @@ func (s *Server) stream(sse *sseWriter, st infer.Stream, c *completion, first st
 		s.log.Warn("stream failed", "id", c.id, "err", res.Err)
 		return sse.data(errorBody(e))
 	}
+	// The hop count, known only now that every leg has answered; headers went with the
+	// first token.
+	if err := sse.comment("infernode-hops " + strconv.Itoa(hops(st))); err != nil {
+		return err
+	}
 	finish := res.FinishReason
 	if err := sse.event(c.chunk("", false, &finish)); err != nil {
 		return err
@@ -328,6 +333,15 @@ func (s *Server) setGenerationHeaders(ctx *fasthttp.RequestCtx, st infer.Stream)
 	if n, ok := st.(routing.Server); ok {
 		ctx.Response.Header.Set(routing.NodeHeader, n.Node())
 	}
+	ctx.Response.Header.Set(routing.HopsHeader, strconv.Itoa(hops(st)))
+}
+
+// hops is how many forwards lie behind st's answer (0 when served here).
+func hops(st infer.Stream) int {
+	if h, ok := st.(routing.Hopper); ok {
+		return h.Hops()
+	}
+	return 0
 }
 
 // countCancel records why a request's context ended early, if it did.

@@ -14,7 +14,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"runtime"
 	"slices"
 	"strings"
@@ -26,6 +25,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 
 	"github.com/infernode/infernode/internal/poll"
+	"github.com/infernode/infernode/internal/testenv"
 	"github.com/infernode/infernode/session"
 )
 
@@ -39,10 +39,7 @@ type testNode struct {
 
 func startNode(t *testing.T, edit func(*Config, *session.Config)) *testNode {
 	t.Helper()
-	path := os.Getenv("INFERNODE_TEST_MODEL")
-	if path == "" {
-		t.Skip("INFERNODE_TEST_MODEL not set; run through make test")
-	}
+	path := testenv.Model(t)
 	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
 	ec := session.DefaultConfig()
 	ec.ModelPath, ec.Cells, ec.Seed, ec.Logger = path, 4096, 1, log

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -13,16 +12,14 @@ import (
 	"unicode/utf8"
 
 	"github.com/infernode/infernode/internal/poll"
+	"github.com/infernode/infernode/internal/testenv"
 )
 
 // startEngine runs an engine on the default model (INFERNODE_TEST_MODEL, set by make test)
 // until the test ends.
 func startEngine(t *testing.T, edit func(*Config)) *Engine {
 	t.Helper()
-	path := os.Getenv("INFERNODE_TEST_MODEL")
-	if path == "" {
-		t.Skip("INFERNODE_TEST_MODEL not set; run through make test")
-	}
+	path := testenv.Model(t)
 	cfg := DefaultConfig()
 	cfg.ModelPath = path
 	cfg.Cells = 4096
@@ -374,10 +371,7 @@ func TestOverloaded(t *testing.T) {
 }
 
 func TestRunEndClosesStreams(t *testing.T) {
-	path := os.Getenv("INFERNODE_TEST_MODEL")
-	if path == "" {
-		t.Skip("INFERNODE_TEST_MODEL not set; run through make test")
-	}
+	path := testenv.Model(t)
 	cfg := DefaultConfig()
 	cfg.ModelPath, cfg.Cells = path, 2048
 	cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), nil))

@@ -2,29 +2,28 @@ package testbed
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/infernode/infernode/internal/testenv"
 	"github.com/infernode/infernode/netem"
 )
 
 // TestChaosShort runs the short scenario suite with real processes; every invariant must
 // hold. Namespace scenarios are skipped, with the reason, where namespaces are unavailable.
 func TestChaosShort(t *testing.T) {
-	model := os.Getenv("INFERNODE_TEST_MODEL")
-	if model == "" {
-		t.Skip("INFERNODE_TEST_MODEL not set; run through make test")
-	}
+	model := testenv.Model(t)
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d (replay: the same seed gives the same entry nodes and request kinds)", seed)
 	nsErr := netem.Available()
 	for _, s := range ShortSuite(seed) {
 		t.Run(s.Name, func(t *testing.T) {
 			if s.Netns && nsErr != nil {
-				t.Skipf("needs network namespaces: %v", nsErr)
+				testenv.Require(t, false, fmt.Sprintf("needs network namespaces (root): %v", nsErr))
 			}
 			cfg := Config{Binary: binary, Model: model, LogDir: t.TempDir(),
 				Args: []string{"--ctx", "8192", "--threads", "1", "--log-level", "info"}}

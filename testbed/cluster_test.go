@@ -16,6 +16,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/infernode/infernode/internal/testenv"
 )
 
 var binary string
@@ -38,10 +40,7 @@ func TestMain(m *testing.M) {
 
 func startCluster(t testing.TB, n int, args ...string) *Cluster {
 	t.Helper()
-	model := os.Getenv("INFERNODE_TEST_MODEL")
-	if model == "" {
-		t.Skip("INFERNODE_TEST_MODEL not set; run through make test")
-	}
+	model := testenv.Model(t)
 	c, err := Start(t.Context(), Config{Binary: binary, Model: model, Nodes: n, LogDir: t.TempDir(),
 		// One llama.cpp thread a node: several nodes share this machine's cores.
 		Args: append([]string{"--ctx", "8192", "--log-level", "info", "--threads", "1"}, args...)})

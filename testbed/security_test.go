@@ -23,6 +23,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+
+	"github.com/infernode/infernode/internal/testenv"
 )
 
 // The hop and gossip keys as infernode derives them from the cluster secret (HKDF-SHA256,
@@ -203,10 +205,7 @@ func TestStartRefusals(t *testing.T) {
 	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "at least 16 bytes") {
 		t.Errorf("short secret: %v\n%s", err, out)
 	}
-	model := os.Getenv("INFERNODE_TEST_MODEL")
-	if model == "" {
-		t.Skip("INFERNODE_TEST_MODEL not set; run through make test")
-	}
+	model := testenv.Model(t)
 	cmd = exec.Command(binary, "--model", model, "--addr", "127.0.0.1:0", "--gossip-addr", "127.0.0.1:0", "--insecure")
 	cmd.Env = append(os.Environ(), "INFERNODE_CLUSTER_SECRET=")
 	stderr, _ := cmd.StderrPipe()

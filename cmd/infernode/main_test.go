@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/infernode/infernode/internal/testenv"
 )
 
 var binary string
@@ -74,10 +76,7 @@ type process struct {
 // user would, and waits until it is ready.
 func start(t *testing.T, args ...string) *process {
 	t.Helper()
-	model := os.Getenv("INFERNODE_TEST_MODEL")
-	if model == "" {
-		t.Skip("INFERNODE_TEST_MODEL not set; run through make test")
-	}
+	model := testenv.Model(t)
 	cmd := exec.Command(binary, append([]string{"--log-format", "json"}, args...)...)
 	cmd.Env = append(os.Environ(), "INFERNODE_MODEL="+model, "INFERNODE_ADDR=127.0.0.1:0", "INFERNODE_CTX=2048")
 	stderr, err := cmd.StderrPipe()

@@ -122,6 +122,7 @@ type script struct {
 	hang       bool // accept the request, never answer until canceled
 	busy       bool // answer 503 overloaded
 	crashAfter int  // break the connection after this many tokens (0: never)
+	stallAfter int  // after this many tokens, wait for cancellation or release (0: never)
 }
 
 // fakeEngine continues a prompt deterministically: its answer is " w0 w1 w2 ...", and a
@@ -133,9 +134,12 @@ type fakeEngine struct {
 	served   atomic.Int64
 	canceled atomic.Int64
 	started  chan struct{} // a request arrived (buffered)
+	release  chan struct{} // closed: stalled streams go on
 }
 
-func newFakeEngine() *fakeEngine { return &fakeEngine{started: make(chan struct{}, 64)} }
+func newFakeEngine() *fakeEngine {
+	return &fakeEngine{started: make(chan struct{}, 64), release: make(chan struct{})}
+}
 
 func (e *fakeEngine) set(s script) {
 	e.mu.Lock()
@@ -170,23 +174,30 @@ func (e *fakeEngine) Submit(ctx context.Context, req infer.Request) (infer.Strea
 	if limit == 0 {
 		limit = 16
 	}
-	return &fakeStream{ctx: ctx, e: e, next: k, left: limit, prompt: len(words)}, nil
+	return &fakeStream{ctx: ctx, e: e, next: k, left: limit, prompt: len(words), stallAfter: s.stallAfter}, nil
 }
 
 func (e *fakeEngine) Stats() infer.Stats { return infer.Stats{} }
 func (e *fakeEngine) Ready() bool        { return true }
 
 type fakeStream struct {
-	ctx    context.Context
-	e      *fakeEngine
-	next   int
-	left   int
-	prompt int
-	n      int
-	res    infer.Result
+	ctx        context.Context
+	e          *fakeEngine
+	next       int
+	left       int
+	prompt     int
+	n          int
+	stallAfter int
+	res        infer.Result
 }
 
 func (s *fakeStream) Recv() (string, error) {
+	if s.stallAfter > 0 && s.n == s.stallAfter {
+		select {
+		case <-s.ctx.Done():
+		case <-s.e.release:
+		}
+	}
 	if err := s.ctx.Err(); err != nil {
 		s.e.canceled.Add(1)
 		s.res = infer.Result{Err: fmt.Errorf("%w: %w", infer.ErrCanceled, err)}

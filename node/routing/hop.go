@@ -41,6 +41,9 @@ const (
 	NodeHeader   = "X-Infernode-Node"
 	PromptHeader = "X-Infernode-Prompt-Tokens"
 	CachedHeader = "X-Infernode-Cached-Tokens"
+	// HopsHeader counts the forwards behind an answer: 0 served where it entered, 1
+	// forwarded once. Anything more breaks the one-hop rule.
+	HopsHeader = "X-Infernode-Hops"
 )
 
 // Versions are the major versions of the hop protocol this node speaks, as gossiped.

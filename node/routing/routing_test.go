@@ -109,6 +109,13 @@ func TestRouting(t *testing.T) {
 				if got := resumes(st); got != tc.resumes && i == 0 {
 					t.Errorf("resumes = %d, want %d", got, tc.resumes)
 				}
+				wantHops := 1
+				if tc.want == "a" && tc.resumes == 0 {
+					wantHops = 0
+				}
+				if h, ok := st.(Hopper); (ok && h.Hops() != wantHops) || (!ok && wantHops != 0) {
+					t.Errorf("request %d: hops %v, want %d", i, st, wantHops)
+				}
 			}
 			for id, up := range tc.health {
 				if c.onRing(id) != up {
@@ -187,7 +194,8 @@ func TestCancelAcrossHop(t *testing.T) {
 func TestLeavingPeer(t *testing.T) {
 	c := newCluster(t, "b", "c")
 	key := c.keyOwnedBy("b", "c")
-	inflight, err := c.entry.Submit(t.Context(), greedy(key, "hi", 1000))
+	c.peers["b"].engine.set(script{stallAfter: 3})
+	inflight, err := c.entry.Submit(t.Context(), greedy(key, "hi", 10))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,8 +217,9 @@ func TestLeavingPeer(t *testing.T) {
 	if node := servedBy(st); node != "c" {
 		t.Errorf("new request served by %q, want c", node)
 	}
+	close(c.peers["b"].engine.release) // the leaving node drains its stream
 	rest, res := collect(inflight)
-	if res.Err != nil || first+rest != uninterrupted(1000) || resumes(inflight) != 0 {
+	if res.Err != nil || first+rest != uninterrupted(10) || resumes(inflight) != 0 {
 		t.Errorf("stream in flight to the leaving peer: %q err %v resumes %d, want it finished there",
 			first+rest, res.Err, resumes(inflight))
 	}
@@ -221,7 +230,8 @@ func TestLeavingPeer(t *testing.T) {
 func TestDeadPeerCancelsForwards(t *testing.T) {
 	c := newCluster(t, "b", "c")
 	key := c.keyOwnedBy("b", "c")
-	st, err := c.entry.Submit(t.Context(), greedy(key, "hi", 1000))
+	c.peers["b"].engine.set(script{stallAfter: 3}) // a node that stopped answering
+	st, err := c.entry.Submit(t.Context(), greedy(key, "hi", 10))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -231,7 +241,7 @@ func TestDeadPeerCancelsForwards(t *testing.T) {
 	c.members.set(dead, member("c"))
 	c.entry.Sync()
 	rest, res := collect(st)
-	if res.Err != nil || first+rest != uninterrupted(1000) {
+	if res.Err != nil || first+rest != uninterrupted(10) {
 		t.Errorf("answer %q err %v", first+rest, res.Err)
 	}
 	if resumes(st) != 1 || servedBy(st) != "c" {

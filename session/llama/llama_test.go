@@ -1,19 +1,17 @@
 package llama
 
 import (
-	"os"
 	"strings"
 	"testing"
+
+	"github.com/infernode/infernode/internal/testenv"
 )
 
 // testModel loads the model named by INFERNODE_TEST_MODEL (make test sets it to the default
 // model) or skips.
 func testModel(t *testing.T) *Model {
 	t.Helper()
-	path := os.Getenv("INFERNODE_TEST_MODEL")
-	if path == "" {
-		t.Skip("INFERNODE_TEST_MODEL not set; run through make test")
-	}
+	path := testenv.Model(t)
 	m, err := LoadModel(path)
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,62 @@
+// Package testenv finds what tests need from their environment (the default test model,
+// the real models in ../shared/models, root for network namespaces) and decides what a
+// test does without it: skip with the reason on a developer's machine, fail under CI
+// (CI set), so a CI that lost something never silently runs less.
+package testenv
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// Require skips t, or fails it when CI is set, unless ok. what says what is missing and
+// how to get it.
+func Require(t testing.TB, ok bool, what string) {
+	t.Helper()
+	if ok {
+		return
+	}
+	if os.Getenv("CI") != "" {
+		t.Fatalf("CI: %s", what)
+	}
+	t.Skip(what)
+}
+
+// Model is the default test model (INFERNODE_TEST_MODEL, which make test sets).
+func Model(t testing.TB) string {
+	t.Helper()
+	path := os.Getenv("INFERNODE_TEST_MODEL")
+	Require(t, path != "", "INFERNODE_TEST_MODEL not set; run through make test")
+	return path
+}
+
+// SharedModel is the path of a real pretrained model in ../shared/models (next to the
+// project's root): stories260K.gguf or tinystories-656k-f32.gguf.
+func SharedModel(t testing.TB, name string) string {
+	t.Helper()
+	path := sharedModel(name)
+	Require(t, path != "", "the real model "+name+" is not in ../shared/models (beside the project's root)")
+	return path
+}
+
+func sharedModel(name string) string {
+	dir, err := os.Getwd()
+	if err != nil {
+		return ""
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			path := filepath.Join(dir, "..", "shared", "models", name)
+			if _, err := os.Stat(path); err == nil {
+				return path
+			}
+			return ""
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return ""
+		}
+		dir = parent
+	}
+}
