@@ -120,9 +120,11 @@ run: build model
 	$(BIN)/testbed run --binary $(BIN)/infernode --model $(MODEL) --nodes $(NODES) --log-dir .build/logs
 
 # chaos: the long chaos suite (5 nodes in network namespaces, every fault type,
-# overlapping); needs root. Reports and node logs go to .build/chaos.
-chaos: build model
-	$(BIN)/testbed chaos --suite long --binary $(BIN)/infernode --model $(MODEL) --out .build/chaos
+# overlapping) on a real model, every answer compared with a reference; needs root.
+# Reports and node logs go to .build/chaos.
+CHAOS_MODEL ?= ../shared/models/stories260K.gguf
+chaos: build
+	$(BIN)/testbed chaos --suite long --binary $(BIN)/infernode --model $(CHAOS_MODEL) --out .build/chaos
 
 # chaos-cleanup: remove namespaces and links a killed chaos run left behind.
 chaos-cleanup: build

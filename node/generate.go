@@ -106,6 +106,8 @@ func (s *Server) parseCompletion(ctx *fasthttp.RequestCtx, chat bool) (*completi
 			return nil, unsupported("suffix")
 		case r.BestOf != nil && *r.BestOf != 1:
 			return nil, unsupported("best_of")
+		case r.Logprobs != nil && *r.Logprobs, r.TopLogprobs != nil && *r.TopLogprobs > 0:
+			return nil, badRequest("logprobs", "logprobs are supported on /v1/chat/completions only")
 		}
 		prompt = r.Prompt.Text
 		p, opening, c.endpoint, c.id = &r.params, promptOpening(prompt), "/v1/completions", "cmpl-"+randomID()

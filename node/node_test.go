@@ -212,7 +212,7 @@ func TestBadInputs(t *testing.T) {
 		{"n of 2", "POST", chat, `{"messages":[{"role":"user","content":"hi"}],"n":2}`, auth, 400, "n"},
 		{"unknown field", "POST", chat, `{"messages":[{"role":"user","content":"hi"}],"frobnicate":true}`, auth, 400, "frobnicate"},
 		{"tools", "POST", chat, `{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function"}]}`, auth, 400, "tools"},
-		{"logprobs", "POST", chat, `{"messages":[{"role":"user","content":"hi"}],"logprobs":true}`, auth, 400, "logprobs"},
+		{"logprobs", "POST", chat, `{"messages":[{"role":"user","content":"hi"}],"logprobs":true,"stream":true}`, auth, 400, "logprobs"},
 		{"stop wrong type", "POST", chat, `{"messages":[{"role":"user","content":"hi"}],"stop":5}`, auth, 400, "stop"},
 		{"prompt over the context", "POST", chat, `{"messages":[{"role":"user","content":"` + long + `"}]}`, auth, 400, "messages"},
 		{"completion without prompt", "POST", n.url + "/v1/completions", `{"max_tokens":3}`, auth, 400, "prompt"},

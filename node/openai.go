@@ -232,15 +232,19 @@ func (p *params) sessionRequest() (infer.Request, error) {
 		}
 	}
 	req.Stop = p.Stop
+	req.Logprobs = p.Logprobs != nil && *p.Logprobs
+	if p.TopLogprobs != nil {
+		req.TopLogprobs = *p.TopLogprobs
+	}
 	return req, nil
 }
 
 func (p *params) refuseUnsupported() error {
 	switch {
-	case p.Logprobs != nil && *p.Logprobs:
-		return unsupported("logprobs")
-	case p.TopLogprobs != nil && *p.TopLogprobs > 0:
-		return unsupported("top_logprobs")
+	case p.Logprobs != nil && *p.Logprobs && p.Stream:
+		e := unsupported("logprobs")
+		e.Message = "logprobs are supported without stream only"
+		return e
 	case len(p.LogitBias) > 0:
 		return unsupported("logit_bias")
 	case p.ResponseFormat != nil && p.ResponseFormat.Type != "text":

@@ -59,6 +59,9 @@ func (c *completion) response(text string, res infer.Result) completionObject {
 	kind := "text_completion"
 	if c.chat {
 		kind, ch.Message = "chat.completion", &message{Role: "assistant", Content: text}
+		if c.req.Logprobs {
+			ch.Logprobs = chatLogprobs(res.Logprobs)
+		}
 	} else {
 		ch.Text = &text
 	}
@@ -97,4 +100,31 @@ func (c *completion) usageChunk(res infer.Result) completionObject {
 	u := usageOf(res)
 	o.Usage = &u
 	return o
+}
+
+// logprobContent is one token in a chat answer's logprobs, as OpenAI shapes it.
+type logprobContent struct {
+	Token       string           `json:"token"`
+	Logprob     float32          `json:"logprob"`
+	Bytes       []int            `json:"bytes"`
+	TopLogprobs []logprobContent `json:"top_logprobs,omitempty"`
+}
+
+func chatLogprobs(lps []infer.TokenLogprob) map[string]any {
+	bytesOf := func(s string) []int {
+		out := make([]int, len(s))
+		for i := range len(s) {
+			out[i] = int(s[i])
+		}
+		return out
+	}
+	content := make([]logprobContent, 0, len(lps))
+	for _, lp := range lps {
+		c := logprobContent{Token: lp.Token, Logprob: lp.Logprob, Bytes: bytesOf(lp.Token), TopLogprobs: []logprobContent{}}
+		for _, t := range lp.Top {
+			c.TopLogprobs = append(c.TopLogprobs, logprobContent{Token: t.Token, Logprob: t.Logprob, Bytes: bytesOf(t.Token)})
+		}
+		content = append(content, c)
+	}
+	return map[string]any{"content": content}
 }

@@ -72,6 +72,7 @@ type job struct {
 	fed      int          // tokens of pending in the current step's batch
 	first    time.Time
 	gen      int
+	logprobs []TokenLogprob // when the request asked for them
 }
 
 // reserve is how many KV cells the job may use in all.

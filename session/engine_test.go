@@ -459,3 +459,29 @@ func TestContentIsData(t *testing.T) {
 		}
 	}
 }
+
+// Logprobs: with greedy decoding every chosen token is the most likely one, its log
+// probability is the top one's, the alternatives come in order, and all are <= 0.
+func TestLogprobs(t *testing.T) {
+	e := startEngine(t, nil)
+	text, res := generate(t, e, Request{Prompt: "the river", MaxTokens: 8, Logprobs: true, TopLogprobs: 3, Sampling: Greedy()})
+	if len(res.Logprobs) != res.CompletionTokens {
+		t.Fatalf("%d logprobs for %d tokens", len(res.Logprobs), res.CompletionTokens)
+	}
+	var joined strings.Builder
+	for i, lp := range res.Logprobs {
+		joined.WriteString(lp.Token)
+		if len(lp.Top) != 3 || lp.Top[0].Token != lp.Token || lp.Top[0].Logprob != lp.Logprob || lp.Logprob > 0 {
+			t.Fatalf("token %d: %+v: want the greedy choice first among 3, with logprob <= 0", i, lp)
+		}
+		if lp.Top[1].Logprob > lp.Top[0].Logprob || lp.Top[2].Logprob > lp.Top[1].Logprob {
+			t.Errorf("token %d: alternatives out of order: %+v", i, lp.Top)
+		}
+	}
+	if !strings.HasPrefix(joined.String(), text) && !strings.HasPrefix(text, joined.String()) {
+		t.Errorf("tokens %q do not spell the answer %q", joined.String(), text)
+	}
+	if _, res := generate(t, e, Request{Prompt: "the river", MaxTokens: 4, Sampling: Greedy()}); res.Logprobs != nil {
+		t.Error("logprobs computed for a request that did not ask")
+	}
+}

@@ -12,6 +12,8 @@ type (
 	Message            = infer.Message
 	InvalidError       = infer.InvalidError
 	PromptTooLongError = infer.PromptTooLongError
+	TokenLogprob       = infer.TokenLogprob
+	TopLogprob         = infer.TopLogprob
 )
 
 // Sentinel errors; see package infer.

@@ -1,7 +1,9 @@
 package session
 
 import (
+	"math"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -267,6 +269,9 @@ func (e *Engine) emit(j *job, tok int32, stats *Stats) {
 		e.finish(j, "stop", nil)
 		return
 	}
+	if j.req.Logprobs {
+		j.logprobs = append(j.logprobs, e.logprob(j.logits, tok, j.req.TopLogprobs))
+	}
 	text, stopped := j.filter.push(e.model.Piece(tok))
 	j.stream.push(text)
 	switch {
@@ -303,7 +308,7 @@ func (e *Engine) finish(j *job, reason string, err error) {
 		}
 	}
 	res := Result{FinishReason: reason, PromptTokens: len(j.prompt), CachedTokens: j.cached,
-		CompletionTokens: j.gen, Total: now.Sub(j.submitted), Err: err}
+		CompletionTokens: j.gen, Total: now.Sub(j.submitted), Logprobs: j.logprobs, Err: err}
 	if !j.admitted.IsZero() {
 		res.Queued = j.admitted.Sub(j.submitted)
 	}
@@ -314,6 +319,43 @@ func (e *Engine) finish(j *job, reason string, err error) {
 		e.log.Debug("request failed", "session", j.req.SessionID, "err", err)
 	}
 	j.stream.finish(res)
+}
+
+// logprob is tok's log probability in a logits row and the top most likely tokens, by a
+// log-softmax over the whole vocabulary (done only for requests that ask).
+func (e *Engine) logprob(l llama.Logits, tok int32, top int) TokenLogprob {
+	row := l.Row(e.model.NumVocab())
+	hi := row[0]
+	for _, x := range row {
+		hi = max(hi, x)
+	}
+	var sum float64
+	for _, x := range row {
+		sum += math.Exp(float64(x - hi))
+	}
+	lse := float64(hi) + math.Log(sum)
+	piece := func(t int32) string { return strings.ToValidUTF8(string(e.model.Piece(t)), "\uFFFD") }
+	out := TokenLogprob{Token: piece(tok), Logprob: float32(float64(row[tok]) - lse)}
+	if top == 0 {
+		return out
+	}
+	best := make([]int32, 0, top+1) // token ids, most likely first
+	for t := range row {
+		i := len(best)
+		for i > 0 && row[best[i-1]] < row[t] {
+			i--
+		}
+		if i < top {
+			best = slices.Insert(best, i, int32(t))
+			if len(best) > top {
+				best = best[:top]
+			}
+		}
+	}
+	for _, t := range best {
+		out.Top = append(out.Top, TopLogprob{Token: piece(t), Logprob: float32(float64(row[t]) - lse)})
+	}
+	return out
 }
 
 // publishStats stores a snapshot of the counters and the slots' state for Stats.

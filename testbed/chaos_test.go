@@ -16,7 +16,9 @@ import (
 // TestChaosShort runs the short scenario suite with real processes; every invariant must
 // hold. Namespace scenarios are skipped, with the reason, where namespaces are unavailable.
 func TestChaosShort(t *testing.T) {
-	model := testenv.Model(t)
+	// A real model: every answer is compared with a reference, and text that means
+	// something makes a difference worth reading.
+	model := testenv.SharedModel(t, "stories260K.gguf")
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d (replay: the same seed gives the same entry nodes and request kinds)", seed)
 	nsErr := netem.Available()

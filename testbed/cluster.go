@@ -48,6 +48,8 @@ type Cluster struct {
 	cfg   Config
 	Nodes []*Node
 	http  *http.Client
+	// flight counts the workload's streams in flight by serving node (nil outside a run).
+	flight *flight
 }
 
 // Node is one infernode process (and its restarts).
@@ -58,6 +60,7 @@ type Node struct {
 	GossipAddr string      // host:port of its gossip
 	args       []string
 	cfg        *Config
+	standalone bool // not a cluster member: reports no gossip address
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -180,7 +183,7 @@ func (n *Node) start(ctx context.Context) error {
 	}()
 	var httpAddr, gossipAddr string
 	deadline := time.After(60 * time.Second)
-	for httpAddr == "" || gossipAddr == "" {
+	for httpAddr == "" || (gossipAddr == "" && !n.standalone) {
 		select {
 		case a := <-addrs:
 			if a[0] == "serving" {
@@ -277,12 +280,23 @@ func (n *Node) wait(timeout time.Duration) bool {
 	}
 }
 
-// Restart starts the node again with the same id and flags (after Kill or Stop). A
-// node started on port 0 may come back on new ports.
+// Restart starts the node again with the same id and flags (after Kill or Stop), on the
+// addresses it had: peers keep re-joining the seed addresses they were given, so a
+// restarted seed must come back where they look for it.
 func (n *Node) Restart(ctx context.Context) error {
 	if n.Running() {
 		return fmt.Errorf("%s is still running", n.ID)
 	}
+	n.mu.Lock()
+	for i := 0; i+1 < len(n.args); i++ {
+		switch n.args[i] {
+		case "--addr":
+			n.args[i+1] = n.HTTPAddr
+		case "--gossip-addr":
+			n.args[i+1] = n.GossipAddr
+		}
+	}
+	n.mu.Unlock()
 	return n.start(ctx)
 }
 

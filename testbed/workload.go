@@ -41,8 +41,11 @@ type Record struct {
 	Served   string        `json:"served,omitempty"`
 	Stream   bool          `json:"stream"`
 	Status   int           `json:"status"`
-	Kind     string        `json:"kind"` // ok, http_error, sse_error, conn_error, cut, hung
+	Kind     string        `json:"kind"` // ok, http_error, sse_error, conn_error, cut, bad_event, hung
 	Error    string        `json:"error,omitempty"`
+	Code     string        `json:"code,omitempty"`        // the OpenAI error code of an http_error
+	Retry    bool          `json:"retry_after,omitempty"` // the refusal carried Retry-After
+	Hops     int           `json:"hops"`                  // forwards behind the answer; -1 when not reported
 	Start    time.Time     `json:"start"`
 	End      time.Time     `json:"end"`
 	TTFT     time.Duration `json:"ttft_ns"`
@@ -53,11 +56,41 @@ type Record struct {
 	Messages []message     `json:"-"`
 }
 
+// flight counts the forwarded streams in flight by the node serving them, so faults can
+// aim at the owner of live streams that can resume elsewhere.
+type flight struct {
+	mu     sync.Mutex
+	byNode map[string]int
+}
+
+func (f *flight) add(node string, d int) {
+	if f == nil || node == "" {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.byNode[node] += d
+}
+
+// busiest is the node serving the most streams now, among candidates, and how many.
+func (f *flight) busiest(candidates []string) (string, int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	best, n := "", 0
+	for _, id := range candidates {
+		if f.byNode[id] > n {
+			best, n = id, f.byNode[id]
+		}
+	}
+	return best, n
+}
+
 // RunWorkload drives w against the cluster. Each request enters on a random node among
 // those entries returns at that moment.
 func (c *Cluster) RunWorkload(ctx context.Context, w Workload, entries func() []*Node) []Record {
 	var mu sync.Mutex
 	var out []Record
+	c.flight = &flight{byNode: map[string]int{}}
 	start := time.Now()
 	next := 0
 	var wg sync.WaitGroup
@@ -80,7 +113,7 @@ func (c *Cluster) RunWorkload(ctx context.Context, w Workload, entries func() []
 						return
 					}
 					entry := nodes[rng.IntN(len(nodes))]
-					r := request(ctx, client, entry, msgs, w.MaxTokens, rng.Float64() < w.StreamShare, w.Timeout)
+					r := request(ctx, client, entry, msgs, w.MaxTokens, rng.Float64() < w.StreamShare, w.Timeout, c.flight)
 					r.Conv, r.Turn, r.Messages = conv, turn, msgs
 					mu.Lock()
 					out = append(out, r)
@@ -97,9 +130,11 @@ func (c *Cluster) RunWorkload(ctx context.Context, w Workload, entries func() []
 	return out
 }
 
-// request sends one greedy chat completion and classifies how it ended.
-func request(ctx context.Context, client *http.Client, entry *Node, msgs []message, maxTokens int, stream bool, timeout time.Duration) (r Record) {
-	r = Record{Entry: entry.ID, Stream: stream, Start: time.Now()}
+// request sends one greedy chat completion and classifies how it ended. A streamed answer
+// counts in fl while it is read.
+func request(ctx context.Context, client *http.Client, entry *Node, msgs []message, maxTokens int, stream bool, timeout time.Duration,
+	fl *flight) (r Record) {
+	r = Record{Entry: entry.ID, Stream: stream, Start: time.Now(), Hops: -1}
 	defer func() { r.End = time.Now() }()
 	body, _ := json.Marshal(map[string]any{"messages": msgs, "max_tokens": maxTokens, "temperature": 0, "stream": stream,
 		"stream_options": streamOptions(stream)})
@@ -117,6 +152,13 @@ func request(ctx context.Context, client *http.Client, entry *Node, msgs []messa
 	if resp.StatusCode != 200 {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		r.Kind, r.Error = "http_error", strings.TrimSpace(string(b))
+		var e struct {
+			Error struct {
+				Code string `json:"code"`
+			} `json:"error"`
+		}
+		json.Unmarshal(b, &e)
+		r.Code, r.Retry = e.Error.Code, resp.Header.Get("Retry-After") != ""
 		return r
 	}
 	if !stream {
@@ -132,8 +174,15 @@ func request(ctx context.Context, client *http.Client, entry *Node, msgs []messa
 		}
 		r.Text, r.Tokens, r.TTFT = out.Choices[0].Message.Content, out.Usage.CompletionTokens, time.Since(r.Start)
 		r.Resumed = resp.Header.Get("X-Infernode-Resumed") != ""
+		if h, err := strconv.Atoi(resp.Header.Get("X-Infernode-Hops")); err == nil {
+			r.Hops = h
+		}
 		r.Kind = "ok"
 		return r
+	}
+	if r.Served != entry.ID { // forwarded: a fault on its owner can resume it elsewhere
+		fl.add(r.Served, 1)
+		defer fl.add(r.Served, -1)
 	}
 	var text strings.Builder
 	sc := bufio.NewScanner(resp.Body)
@@ -143,6 +192,10 @@ func request(ctx context.Context, client *http.Client, entry *Node, msgs []messa
 		if strings.HasPrefix(line, ": infernode-resumed") {
 			r.Resumed = true
 			r.Seams = append(r.Seams, text.Len())
+			continue
+		}
+		if h, ok := strings.CutPrefix(line, ": infernode-hops "); ok {
+			r.Hops, _ = strconv.Atoi(h)
 			continue
 		}
 		data, ok := strings.CutPrefix(line, "data: ")
@@ -160,8 +213,9 @@ func request(ctx context.Context, client *http.Client, entry *Node, msgs []messa
 			}
 			Error *struct{ Message string }
 		}
-		if json.Unmarshal([]byte(data), &ev) != nil {
-			continue
+		if err := json.Unmarshal([]byte(data), &ev); err != nil {
+			r.Kind, r.Error, r.Text = "bad_event", fmt.Sprintf("unreadable event %q: %v", data, err), text.String()
+			return r
 		}
 		if ev.Error != nil {
 			r.Kind, r.Error, r.Text = "sse_error", ev.Error.Message, text.String()
@@ -200,14 +254,18 @@ func classify(err error) string {
 	return "conn_error"
 }
 
-// Metric reads one metric's value (summed over label sets matching prefix) from a node.
+// Metric reads one metric's value (summed over label sets matching prefix) from a node. A
+// metric the node does not export is an error, never a zero.
 func (c *Cluster) Metric(n *Node, prefix string) (float64, error) {
 	resp, err := c.http.Get(n.URL() + "/metrics")
 	if err != nil {
 		return 0, err
 	}
 	defer resp.Body.Close()
-	sum := 0.0
+	if resp.StatusCode != 200 {
+		return 0, fmt.Errorf("%s: /metrics answered %d", n.ID, resp.StatusCode)
+	}
+	sum, found := 0.0, false
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
 		line := sc.Text()
@@ -216,9 +274,13 @@ func (c *Cluster) Metric(n *Node, prefix string) (float64, error) {
 		}
 		f := strings.Fields(line)
 		v, err := strconv.ParseFloat(f[len(f)-1], 64)
-		if err == nil {
-			sum += v
+		if err != nil {
+			return 0, fmt.Errorf("%s: metric line %q: %w", n.ID, line, err)
 		}
+		sum, found = sum+v, true
 	}
-	return sum, nil
+	if !found {
+		return 0, fmt.Errorf("%s: no metric %s", n.ID, prefix)
+	}
+	return sum, sc.Err()
 }

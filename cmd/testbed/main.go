@@ -53,7 +53,7 @@ func main() {
 func chaos(args []string) int {
 	fs := flag.NewFlagSet("testbed chaos", flag.ContinueOnError)
 	binary := fs.String("binary", "bin/infernode", "infernode binary")
-	model := fs.String("model", "models/infernode-tiny.gguf", "GGUF model for every node")
+	model := fs.String("model", "../shared/models/stories260K.gguf", "GGUF model for every node (a real one: answers are compared with a reference)")
 	suite := fs.String("suite", "long", "scenario suite: short or long")
 	seed := fs.Uint64("seed", 0, "workload seed (0: from the clock; printed)")
 	out := fs.String("out", ".build/chaos", "directory for JSON reports and node logs")

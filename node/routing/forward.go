@@ -219,7 +219,7 @@ func (p *peerStream) Recv() (string, error) {
 		p.close()
 		p.mu.Lock()
 		p.res = infer.Result{FinishReason: ev.Done.FinishReason, PromptTokens: ev.Done.PromptTokens,
-			CachedTokens: ev.Done.CachedTokens, CompletionTokens: ev.Done.CompletionTokens}
+			CachedTokens: ev.Done.CachedTokens, CompletionTokens: ev.Done.CompletionTokens, Logprobs: ev.Done.Logprobs}
 		p.mu.Unlock()
 		return "", io.EOF
 	case ev.Error != nil:
@@ -337,6 +337,7 @@ func (s *routed) finish(err error) {
 		// Earlier legs generated base tokens; the last leg's prompt held their text.
 		res.PromptTokens = max(0, res.PromptTokens-s.base)
 		res.CompletionTokens += s.base
+		res.Logprobs = nil // the earlier legs' went with their owners: none rather than some
 	}
 	if err != nil && !errors.Is(err, io.EOF) {
 		res.Err = err

@@ -65,19 +65,22 @@ type Request struct {
 	FrequencyPenalty float32  `json:"frequency_penalty,omitempty"`
 	RepeatLastN      int      `json:"repeat_last_n,omitempty"`
 	Seed             int64    `json:"seed"`
+	Logprobs         bool     `json:"logprobs,omitempty"`
+	TopLogprobs      int      `json:"top_logprobs,omitempty"`
 }
 
 func wireRequest(model string, r infer.Request) Request {
 	s := r.Sampling
 	return Request{Model: model, SessionID: r.SessionID, Prompt: r.Prompt, MaxTokens: r.MaxTokens, Stop: r.Stop,
 		Temperature: s.Temperature, TopK: s.TopK, TopP: s.TopP, MinP: s.MinP, RepeatPenalty: s.RepeatPenalty,
-		PresencePenalty: s.PresencePenalty, FrequencyPenalty: s.FrequencyPenalty, RepeatLastN: s.RepeatLastN, Seed: s.Seed}
+		PresencePenalty: s.PresencePenalty, FrequencyPenalty: s.FrequencyPenalty, RepeatLastN: s.RepeatLastN, Seed: s.Seed,
+		Logprobs: r.Logprobs, TopLogprobs: r.TopLogprobs}
 }
 
 // Engine returns the request as the engine takes it.
 func (r Request) Engine() infer.Request {
 	return infer.Request{SessionID: r.SessionID, Prompt: r.Prompt, MaxTokens: r.MaxTokens, Stop: r.Stop,
-		Sampling: infer.Sampling{Temperature: r.Temperature, TopK: r.TopK, TopP: r.TopP, MinP: r.MinP,
+		Logprobs: r.Logprobs, TopLogprobs: r.TopLogprobs, Sampling: infer.Sampling{Temperature: r.Temperature, TopK: r.TopK, TopP: r.TopP, MinP: r.MinP,
 			RepeatPenalty: r.RepeatPenalty, PresencePenalty: r.PresencePenalty, FrequencyPenalty: r.FrequencyPenalty,
 			RepeatLastN: r.RepeatLastN, Seed: r.Seed}}
 }
@@ -92,10 +95,11 @@ type Event struct {
 
 // Done ends a successful answer.
 type Done struct {
-	FinishReason     string `json:"finish_reason"`
-	PromptTokens     int    `json:"prompt_tokens"`
-	CachedTokens     int    `json:"cached_tokens"`
-	CompletionTokens int    `json:"completion_tokens"`
+	FinishReason     string               `json:"finish_reason"`
+	PromptTokens     int                  `json:"prompt_tokens"`
+	CachedTokens     int                  `json:"cached_tokens"`
+	CompletionTokens int                  `json:"completion_tokens"`
+	Logprobs         []infer.TokenLogprob `json:"logprobs,omitempty"`
 }
 
 // Error is an error as it crosses the hop, in OpenAI's shape plus its HTTP status, so it
@@ -177,7 +181,7 @@ func WriteAnswer(write func(line []byte) error, st infer.Stream, first string, f
 		return event(Event{Error: toError(res.Err)})
 	}
 	return event(Event{Done: &Done{FinishReason: res.FinishReason, PromptTokens: res.PromptTokens,
-		CachedTokens: res.CachedTokens, CompletionTokens: res.CompletionTokens}})
+		CachedTokens: res.CachedTokens, CompletionTokens: res.CompletionTokens, Logprobs: res.Logprobs}})
 }
 
 // auth signs and verifies hops with the cluster secret. A hop's signature covers its

@@ -21,8 +21,29 @@ type Request struct {
 	MaxTokens int
 	// Stop strings end generation where they first appear; they are never emitted.
 	Stop []string
+	// Logprobs asks for the log probability of every generated token (under the model's
+	// own distribution, before sampling settings), and TopLogprobs (0 to 20) for that
+	// many of the most likely tokens at each position, in Result.Logprobs.
+	Logprobs    bool
+	TopLogprobs int
 	Sampling
 }
+
+// TokenLogprob is one generated token's log probability and the most likely alternatives.
+type TokenLogprob struct {
+	Token   string       `json:"token"`
+	Logprob float32      `json:"logprob"`
+	Top     []TopLogprob `json:"top,omitempty"`
+}
+
+// TopLogprob is one of the most likely tokens at a position.
+type TopLogprob struct {
+	Token   string  `json:"token"`
+	Logprob float32 `json:"logprob"`
+}
+
+// MaxTopLogprobs bounds Request.TopLogprobs, as OpenAI does.
+const MaxTopLogprobs = 20
 
 // Sampling says how to choose each token. Start from DefaultSampling or Greedy: the zero
 // value is not valid (TopP 0).
@@ -125,6 +146,10 @@ func (r *Request) Validate() error {
 		return bad("seed", "must be -1 (random) or in [0, %d], got %d", uint32(math.MaxUint32), s.Seed)
 	case len(r.Stop) > maxStops:
 		return bad("stop", "at most %d stop strings, got %d", maxStops, len(r.Stop))
+	case r.TopLogprobs < 0 || r.TopLogprobs > MaxTopLogprobs:
+		return bad("top_logprobs", "must be in [0, %d], got %d", MaxTopLogprobs, r.TopLogprobs)
+	case r.TopLogprobs > 0 && !r.Logprobs:
+		return bad("top_logprobs", "needs logprobs: true")
 	}
 	for _, stop := range r.Stop {
 		if stop == "" || len(stop) > maxStopLength {
@@ -147,6 +172,8 @@ type Result struct {
 	// Queued is the time from Submit to admission; FirstToken from Submit to the first
 	// generated token; Total from Submit to the end.
 	Queued, FirstToken, Total time.Duration
+	// Logprobs are the generated tokens' log probabilities, when the request asked.
+	Logprobs []TokenLogprob
 	// Err is why the request failed, or nil.
 	Err error
 }

@@ -450,6 +450,10 @@ func (s *Sampler) Accept(tok int32) { C.llama_sampler_accept(s.c, C.llama_token(
 // Logits is one row of output logits from the last Decode.
 type Logits struct{ p *C.float }
 
+// Row is the logits as n floats (n: the vocabulary's size). It is valid until the next
+// Decode.
+func (l Logits) Row(n int) []float32 { return unsafe.Slice((*float32)(unsafe.Pointer(l.p)), n) }
+
 // Logits returns the output row of batch index idx of the last Decode. Call it from the
 // goroutine that owns the context; the row stays valid until the next Decode.
 func (c *Context) Logits(idx int) Logits { return Logits{C.llama_get_logits_ith(c.c, C.int32_t(idx))} }
