@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 )
@@ -185,7 +187,7 @@ func (h *Host) Loss(percent int) error {
 	case percent == 100:
 		return h.nft(match + " drop")
 	}
-	return h.nft(fmt.Sprintf("%s numgen random mod 100 < %d drop", match, percent))
+	return h.nft(fmt.Sprintf("%s numgen random mod 100 < %d counter drop", match, percent))
 }
 
 // Bandwidth caps what the host sends at kbit kilobits a second (tbf).
@@ -202,6 +204,29 @@ func (h *Host) Delay(ms, jitterMs int) error {
 		return fmt.Errorf("%w: delay needs the kernel's sch_netem (%v)", ErrUnsupported, err)
 	}
 	return nil
+}
+
+// Dropped is how many packets the host's loss rule has dropped since Loss was called.
+func (h *Host) Dropped() (int, error) {
+	out, err := exec.Command("ip", "netns", "exec", h.NS, "nft", "list", "chain", "inet", "netem", "out").Output()
+	if err != nil {
+		return 0, fmt.Errorf("netem: list %s's rules: %w", h.NS, err)
+	}
+	n := 0
+	for _, line := range strings.Split(string(out), "\n") {
+		if f := strings.Fields(line); slices.Contains(f, "numgen") {
+			for i := range f {
+				if f[i] == "packets" && i+1 < len(f) {
+					v, err := strconv.Atoi(f[i+1])
+					if err != nil {
+						return 0, fmt.Errorf("netem: counter in %q: %w", line, err)
+					}
+					n += v
+				}
+			}
+		}
+	}
+	return n, nil
 }
 
 // Heal removes every fault from the host.

@@ -1,7 +1,9 @@
 package netem
 
 import (
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os/exec"
 	"strings"
@@ -75,11 +77,44 @@ func TestTopologyAndFaults(t *testing.T) {
 		t.Error("100% loss let a reach b")
 	}
 	a.Heal()
-	if err := a.Bandwidth(512); err != nil {
+
+	// 30% loss: of 1,000 datagrams from a to b, the loss rule drops about 300.
+	if err := a.Loss(30); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.Delay(50, 10); err != nil && !strings.Contains(err.Error(), "sch_netem") {
+	send := exec.Command("ip", "netns", "exec", a.NS, "bash", "-c",
+		"for i in $(seq 1000); do echo x > /dev/udp/"+b.IP+"/9; done")
+	if out, err := send.CombinedOutput(); err != nil {
+		t.Fatalf("send datagrams: %v %s", err, out)
+	}
+	if n, err := a.Dropped(); err != nil || n < 240 || n > 360 {
+		t.Errorf("30%% loss dropped %d of 1000 datagrams (%v), want 240-360", n, err)
+	}
+	a.Heal()
+
+	// A 256 kbit/s cap: 64 KiB from a take about 2s instead of milliseconds.
+	fast := sendTime(t, a, 64<<10)
+	if err := a.Bandwidth(256); err != nil {
+		t.Fatal(err)
+	}
+	slow := sendTime(t, a, 64<<10)
+	t.Logf("64 KiB from a: %v uncapped, %v at 256 kbit/s", fast, slow)
+	if slow < 1500*time.Millisecond || slow < 5*fast {
+		t.Errorf("256 kbit/s cap: 64 KiB took %v (uncapped %v), want about 2s", slow, fast)
+	}
+	a.Heal()
+
+	// Delay, where the kernel has sch_netem: a's answers come 50ms later.
+	base := refusalTime(t, a)
+	switch err := a.Delay(50, 0); {
+	case errors.Is(err, ErrUnsupported):
+		t.Logf("delay not measured: %v", err)
+	case err != nil:
 		t.Errorf("Delay: %v", err)
+	default:
+		if d := refusalTime(t, a); d-base < 45*time.Millisecond {
+			t.Errorf("50ms delay: a connection refusal took %v (base %v)", d, base)
+		}
 	}
 	if err := topo.HealAll(); err != nil {
 		t.Fatal(err)
@@ -89,6 +124,46 @@ func TestTopologyAndFaults(t *testing.T) {
 		q, _ := exec.Command("ip", "netns", "exec", a.NS, "tc", "qdisc", "show").CombinedOutput()
 		t.Errorf("HealAll did not restore a:\n%s\n%s", out, q)
 	}
+}
+
+// sendTime is how long host h takes to send n bytes over TCP to a listener of the driver.
+func sendTime(t *testing.T, h *Host, n int) time.Duration {
+	t.Helper()
+	ln, err := net.Listen("tcp", DriverIP+":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	got := make(chan time.Duration, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			got <- 0
+			return
+		}
+		defer c.Close()
+		start := time.Now()
+		io.Copy(io.Discard, c)
+		got <- time.Since(start)
+	}()
+	port := ln.Addr().(*net.TCPAddr).Port
+	cmd := exec.Command("ip", "netns", "exec", h.NS, "bash", "-c",
+		fmt.Sprintf("head -c %d /dev/zero > /dev/tcp/%s/%d", n, DriverIP, port))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("send from %s: %v %s", h.NS, err, out)
+	}
+	return <-got
+}
+
+// refusalTime is how long a connection from the driver to a closed port of h takes to be
+// refused: one round trip.
+func refusalTime(t *testing.T, h *Host) time.Duration {
+	t.Helper()
+	start := time.Now()
+	if c, err := net.DialTimeout("tcp", h.IP+":9", 2*time.Second); err == nil {
+		c.Close()
+	}
+	return time.Since(start)
 }
 
 func TestCleanupRemovesLeftovers(t *testing.T) {

@@ -56,35 +56,51 @@ func TestBalance(t *testing.T) {
 	}
 }
 
-// TestMovement measures the fraction of keys that change owner when one peer joins or
-// leaves, against the ideal 1/n.
+// TestMovement: when one peer joins, the only keys that change owner are those the
+// newcomer takes; when one leaves, only the keys it owned. That is what keeps conversations
+// on the node holding their KV through membership changes elsewhere. The bounded-load
+// partition assignment (Load 1.25) can shift a few overflow partitions between the other
+// peers; at the cluster sizes infernode runs today (up to 10) it moves none, and at 50
+// peers a few hundredths of a percent, which the bound allows.
 func TestMovement(t *testing.T) {
 	ks := keys(100_000)
-	for _, n := range []int{3, 5, 10, 50} {
+	for _, tc := range []struct {
+		n        int
+		maxStray float64 // share of keys that may move between peers that stayed
+	}{{3, 0}, {5, 0}, {10, 0}, {50, 0.001}} {
+		n := tc.n
 		before := New(DefaultConfig(), ids(n))
 		joined := New(DefaultConfig(), ids(n+1))
 		left := New(DefaultConfig(), ids(n)[1:])
-		var movedJoin, movedLeave int
+		gone, newcomer := ids(n)[0], ids(n + 1)[n]
+		var movedJoin, movedLeave, strayJoin, strayLeave int
 		for _, k := range ks {
 			a, _ := before.Owner(k)
 			b, _ := joined.Owner(k)
 			c, _ := left.Owner(k)
 			if a != b {
 				movedJoin++
+				if b != newcomer {
+					strayJoin++
+				}
 			}
 			if a != c {
 				movedLeave++
+				if a != gone {
+					strayLeave++
+				}
 			}
 		}
 		join := float64(movedJoin) / float64(len(ks))
 		leave := float64(movedLeave) / float64(len(ks))
-		t.Logf("%2d peers: join moves %.3f (ideal %.3f, %.2fx), leave moves %.3f (ideal %.3f, %.2fx)",
-			n, join, 1/float64(n+1), join*float64(n+1), leave, 1/float64(n), leave*float64(n))
-		if join > 1.5/float64(n+1) {
-			t.Errorf("%d peers: a join moves %.3f of keys, more than 1.5x the ideal %.3f", n, join, 1/float64(n+1))
+		t.Logf("%2d peers: join moves %.3f (ideal %.3f), leave moves %.3f (ideal %.3f); stray moves %d and %d",
+			n, join, 1/float64(n+1), leave, 1/float64(n), strayJoin, strayLeave)
+		if stray := float64(strayJoin+strayLeave) / float64(len(ks)); stray > tc.maxStray {
+			t.Errorf("%d peers: %d keys moved between peers that stayed on a join, %d on a leave (share %.4f, allowed %.4f)",
+				n, strayJoin, strayLeave, stray, tc.maxStray)
 		}
-		if leave > 2.5/float64(n) {
-			t.Errorf("%d peers: a leave moves %.3f of keys, more than 2.5x the ideal %.3f", n, leave, 1/float64(n))
+		if join > 1.5/float64(n+1) || leave > 1.5/float64(n) {
+			t.Errorf("%d peers: a join moves %.3f of keys, a leave %.3f: more than 1.5x the ideal", n, join, leave)
 		}
 	}
 }

@@ -178,13 +178,16 @@ func (e *Engine) step(stats *Stats) {
 	e.tick++
 	b := e.batch
 	b.Clear()
+	decoding := 0
 	for _, j := range e.jobs {
 		j.logitIdx, j.fed = -1, 0
 		if j.gen > 0 {
 			j.logitIdx = b.Add(j.pending[0], len(j.slot.tokens), j.slot.seq, true)
 			j.fed = 1
+			decoding++
 		}
 	}
+	stats.MaxDecoding = max(stats.MaxDecoding, decoding)
 	for _, j := range e.jobs {
 		if j.gen > 0 || b.Len() == b.Cap() {
 			continue

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -132,6 +134,7 @@ type Report struct {
 	AffinityBad int           `json:"affinity_violations"`
 	Converge    time.Duration `json:"converge_after_heal_ns"`
 	Windows     []Window      `json:"windows"`
+	Rings       []RingSample  `json:"rings"`
 	Checks      []Check       `json:"checks"`
 	Records     []Record      `json:"records"`
 }
@@ -226,9 +229,14 @@ func RunScenario(ctx context.Context, cfg Config, s Scenario) (*Report, error) {
 			})
 		}
 	}()
+	sampling := make(chan struct{})
+	var sampled sync.WaitGroup
+	sampled.Go(func() { rep.Rings = c.sampleRings(ctx, sampling) })
 	rep.Records = c.RunWorkload(ctx, s.Workload, c.running)
 	<-faultsDone
 	measures.Wait()
+	close(sampling)
+	sampled.Wait()
 	end := time.Now()
 
 	// After the last heal: every running node's ring holds every running node.
@@ -274,6 +282,27 @@ func (c *Cluster) running() []*Node {
 		}
 	}
 	return out
+}
+
+// sampleRings records every running node's ring size four times a second until stop.
+func (c *Cluster) sampleRings(ctx context.Context, stop <-chan struct{}) []RingSample {
+	var out []RingSample
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		for _, n := range c.running() {
+			if ring, err := c.Ring(n); err == nil {
+				out = append(out, RingSample{Node: n.ID, Time: time.Now(), Size: len(ring)})
+			}
+		}
+		select {
+		case <-stop:
+			return out
+		case <-ctx.Done():
+			return out
+		case <-tick.C:
+		}
+	}
 }
 
 // busiest picks the node a Busiest fault aims at: for a restart or resume, the node the
@@ -815,6 +844,18 @@ func (c *Cluster) runningIDs() []string {
 
 func around(s string, i int) string {
 	return s[max(0, i-30):min(len(s), i+30)]
+}
+
+// Save writes the report as JSON and its timeline as a PNG into dir.
+func (r *Report) Save(dir string) error {
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "report.json"), b, 0o644); err != nil {
+		return err
+	}
+	return r.Plot(filepath.Join(dir, "timeline.png"))
 }
 
 // Summary writes the report as a readable table.

@@ -1,10 +1,7 @@
 package testbed
 
 import (
-	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -36,8 +33,8 @@ func TestChaosShort(t *testing.T) {
 			var sb strings.Builder
 			rep.Summary(&sb)
 			t.Log("\n" + sb.String())
-			if b, err := json.MarshalIndent(rep, "", "  "); err == nil {
-				os.WriteFile(filepath.Join(cfg.LogDir, "report.json"), b, 0o644)
+			if err := rep.Save(cfg.LogDir); err != nil {
+				t.Errorf("save the report: %v", err)
 			}
 			if rep.Sent == 0 || rep.Completed == 0 {
 				t.Errorf("the workload sent %d and completed %d requests", rep.Sent, rep.Completed)

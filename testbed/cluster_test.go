@@ -148,22 +148,26 @@ func TestConversationAffinity(t *testing.T) {
 	}
 }
 
-// streamChat streams a greedy completion and returns its text; kill, if set, runs once
-// after the first `after` events.
-func streamChat(url string, msgs []message, maxTokens int, after int, kill func()) (string, string, error) {
+// streamChat streams a greedy completion and returns its text, the node that served it
+// first, and how many resume markers it carried; kill, if set, runs once after the first
+// `after` events.
+func streamChat(url string, msgs []message, maxTokens int, after int, kill func()) (string, string, int, error) {
 	body, _ := json.Marshal(map[string]any{"messages": msgs, "max_tokens": maxTokens, "temperature": 0, "stream": true})
 	resp, err := client.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(string(body)))
 	if err != nil {
-		return "", "", err
+		return "", "", 0, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != 200 {
-		return "", "", fmt.Errorf("status %d", resp.StatusCode)
+		return "", "", 0, fmt.Errorf("status %d", resp.StatusCode)
 	}
 	var text strings.Builder
 	sc := bufio.NewScanner(resp.Body)
-	events, done := 0, false
+	events, done, resumes := 0, false, 0
 	for sc.Scan() {
+		if strings.HasPrefix(sc.Text(), ": infernode-resumed") {
+			resumes++
+		}
 		data, ok := strings.CutPrefix(sc.Text(), "data: ")
 		if !ok {
 			continue
@@ -177,10 +181,10 @@ func streamChat(url string, msgs []message, maxTokens int, after int, kill func(
 			Error   *struct{ Message string }
 		}
 		if err := json.Unmarshal([]byte(data), &ev); err != nil {
-			return text.String(), "", err
+			return text.String(), "", resumes, err
 		}
 		if ev.Error != nil {
-			return text.String(), "", fmt.Errorf("error event: %s", ev.Error.Message)
+			return text.String(), "", resumes, fmt.Errorf("error event: %s", ev.Error.Message)
 		}
 		if len(ev.Choices) > 0 {
 			text.WriteString(ev.Choices[0].Delta.Content)
@@ -190,9 +194,9 @@ func streamChat(url string, msgs []message, maxTokens int, after int, kill func(
 		}
 	}
 	if !done {
-		return text.String(), "", fmt.Errorf("stream ended without [DONE]: %v", sc.Err())
+		return text.String(), "", resumes, fmt.Errorf("stream ended without [DONE]: %v", sc.Err())
 	}
-	return text.String(), resp.Header.Get("X-Infernode-Node"), nil
+	return text.String(), resp.Header.Get("X-Infernode-Node"), resumes, nil
 }
 
 // TestKillOwner kills a conversation's owner while it streams: the stream that entered
@@ -215,7 +219,7 @@ func TestKillOwner(t *testing.T) {
 		t.Fatal("no conversation of 100 is owned by node2")
 	}
 	const long = 1200 // long enough for the kill to land mid-stream; longer answers meet more near-ties (see docs/CHAOS.md)
-	reference, served, err := streamChat(c.Nodes[0].URL(), msgs, long, 0, nil)
+	reference, served, _, err := streamChat(c.Nodes[0].URL(), msgs, long, 0, nil)
 	if err != nil || served != victim.ID {
 		t.Fatalf("reference stream: served by %s, %v", served, err)
 	}
@@ -224,15 +228,15 @@ func TestKillOwner(t *testing.T) {
 	// entering on the victim itself (it dies with it).
 	var wg sync.WaitGroup
 	var onVictimErr error
-	wg.Go(func() { _, _, onVictimErr = streamChat(victim.URL(), msgs, long, 0, nil) })
+	wg.Go(func() { _, _, _, onVictimErr = streamChat(victim.URL(), msgs, long, 0, nil) })
 	survivors := c.IDs(c.Nodes[0], c.Nodes[2])
 	detected := make(chan error, 1)
 	var detection time.Duration
-	resumed, _, err := streamChat(c.Nodes[0].URL(), msgs, long, 100, func() {
+	resumed, _, markers, err := streamChat(c.Nodes[0].URL(), msgs, long, 100, func() {
 		victim.Kill()
 		go func() {
 			var err error
-			detection, err = c.WaitRings(t.Context(), survivors, 10*time.Second, victim)
+			detection, err = c.WaitRings(t.Context(), survivors, 3*time.Second, victim)
 			detected <- err
 		}()
 	})
@@ -254,6 +258,9 @@ func TestKillOwner(t *testing.T) {
 	if !strings.Contains(metrics(t, c.Nodes[0]), "infernode_resumes_total 1") {
 		t.Error("node1 does not count the resume")
 	}
+	if markers != 1 {
+		t.Errorf("the resumed stream carried %d resume markers, want 1", markers)
+	}
 
 	if err := <-detected; err != nil {
 		t.Fatal(err)
@@ -269,7 +276,7 @@ func TestKillOwner(t *testing.T) {
 	if err := victim.Restart(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.WaitRings(t.Context(), c.IDs(), 20*time.Second); err != nil {
+	if _, err := c.WaitRings(t.Context(), c.IDs(), 6*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("%s back on every ring %v after restart", victim.ID, time.Since(restartAt).Round(time.Millisecond))

@@ -7,7 +7,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
@@ -87,9 +86,11 @@ func chaos(args []string) int {
 			continue
 		}
 		rep.Summary(os.Stdout)
-		b, _ := json.MarshalIndent(rep, "", "  ")
-		os.WriteFile(filepath.Join(dir, "report.json"), b, 0o644)
-		fmt.Printf("  report: %s\n\n", filepath.Join(dir, "report.json"))
+		if err := rep.Save(dir); err != nil {
+			fmt.Fprintf(os.Stderr, "scenario %s: %v\n", s.Name, err)
+			failed = true
+		}
+		fmt.Printf("  report: %s, timeline: %s\n\n", filepath.Join(dir, "report.json"), filepath.Join(dir, "timeline.png"))
 		failed = failed || !rep.Passed()
 	}
 	if failed {

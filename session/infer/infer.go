@@ -215,5 +215,6 @@ type Stats struct {
 	Refused        uint64 // requests refused as overloaded
 	Steps          uint64
 	BatchedTokens  uint64 // tokens decoded over all steps
+	MaxDecoding    int    // the most sequences that decoded a token in one step
 	StepTimeMicros uint64 // time spent in llama_decode over all steps
 }
