@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"image/color"
 	"os"
+	"slices"
 	"time"
 
 	"gonum.org/v1/plot"
@@ -60,7 +61,7 @@ func (r *Report) Plot(path string) error {
 		if err != nil {
 			return err
 		}
-		box.Color = color.RGBA{R: 0xd6, G: 0x27, B: 0x28, A: 0x20}
+		box.Color = color.NRGBA{R: 0xd6, G: 0x27, B: 0x28, A: 0x30}
 		box.LineStyle.Width = 0
 		top.Add(box)
 		labels, err := plotter.NewLabels(plotter.XYLabels{XYs: plotter.XYs{{X: secs(w.From), Y: maxY * (1.08 - 0.05*float64(i%3))}},
@@ -103,23 +104,34 @@ func (r *Report) Plot(path string) error {
 	bottom := plot.New()
 	bottom.X.Label.Text = "seconds since the cluster started"
 	bottom.Y.Label.Text = "ring size"
-	byNode := map[string]plotter.XYs{}
+	// Each node's samples, split where it was not running (no samples for a while), and
+	// offset a little so equal sizes stay visible.
+	segments := map[string][]plotter.XYs{}
+	last := map[string]time.Time{}
 	var nodes []string
 	for _, s := range r.Rings {
-		if _, ok := byNode[s.Node]; !ok {
+		if _, ok := segments[s.Node]; !ok {
 			nodes = append(nodes, s.Node)
 		}
-		// Offset each node's line a little so equal sizes stay visible.
-		byNode[s.Node] = append(byNode[s.Node], plotter.XY{X: secs(s.Time), Y: float64(s.Size) + 0.04*float64(len(nodes)-1)})
+		if segs := segments[s.Node]; len(segs) == 0 || s.Time.Sub(last[s.Node]) > time.Second {
+			segments[s.Node] = append(segs, nil)
+		}
+		segs := segments[s.Node]
+		segs[len(segs)-1] = append(segs[len(segs)-1], plotter.XY{X: secs(s.Time), Y: float64(s.Size) + 0.04*float64(slices.Index(nodes, s.Node))})
+		last[s.Node] = s.Time
 	}
 	for i, n := range nodes {
-		l, err := plotter.NewLine(byNode[n])
-		if err != nil {
-			return err
+		for j, seg := range segments[n] {
+			l, err := plotter.NewLine(seg)
+			if err != nil {
+				return err
+			}
+			l.Color, l.Width = plotutilColor(i), vg.Points(1.5)
+			bottom.Add(l)
+			if j == 0 {
+				bottom.Legend.Add(n, l)
+			}
 		}
-		l.Color = plotutilColor(i)
-		bottom.Add(l)
-		bottom.Legend.Add(n, l)
 	}
 	bottom.Legend.Top, bottom.Legend.Left = true, true
 	if len(nodes) > 0 {
