@@ -22,12 +22,16 @@ INCLUDE := $(CURDIR)/.build/include
 ARCH    := $(shell uname -m)
 PORTABLE ?=
 ifeq ($(ARCH),x86_64)
-  ISA := $(if $(PORTABLE),-march=x86-64-v3,-march=native) -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+  NATIVE_ISA   := -march=native -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+  PORTABLE_ISA := -march=x86-64-v3 -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 else ifeq ($(ARCH),aarch64)
-  ISA := $(if $(PORTABLE),-march=armv8.2-a,-mcpu=native)
+  NATIVE_ISA   := -mcpu=native
+  PORTABLE_ISA := -march=armv8.2-a
 else
-  ISA := $(if $(PORTABLE),,-march=native)
+  NATIVE_ISA   := -march=native
+  PORTABLE_ISA :=
 endif
+ISA := $(if $(PORTABLE),$(PORTABLE_ISA),$(NATIVE_ISA))
 export CGO_ENABLED  := 1
 export CGO_CPPFLAGS := -I$(INCLUDE)
 export CGO_CFLAGS   := -O3 $(ISA)
@@ -36,7 +40,7 @@ export CGO_CXXFLAGS := -O3 $(ISA)
 APT_PACKAGES := nlohmann-json3-dev libstb-dev nftables iproute2
 MALGO        := github.com/gen2brain/malgo@v0.11.24
 
-.PHONY: all deps flags build model bench-model test race lint tidy-check bench bench-http bench-cluster run chaos chaos-cleanup clean
+.PHONY: all deps flags build bench-portable model bench-model test race lint tidy-check bench bench-http bench-cluster run chaos chaos-cleanup clean
 
 all: build
 
@@ -98,6 +102,15 @@ BENCHTIME ?= 1x
 COUNT     ?= 1
 bench: deps bench-model
 	INFERNODE_BENCH_MODEL=$(CURDIR)/$(BENCH_MODEL) $(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -count $(COUNT) -timeout 60m ./session/
+
+# bench-portable: decode with the native build against the portable one (PORTABLE=1),
+# alternating the two test binaries, two rounds. The first run compiles llama.cpp twice.
+bench-portable: deps bench-model
+	$(GO) test -c -o .build/session-native.test ./session
+	CGO_CFLAGS="-O3 $(PORTABLE_ISA)" CGO_CXXFLAGS="-O3 $(PORTABLE_ISA)" $(GO) test -c -o .build/session-portable.test ./session
+	cd session && for round in 1 2; do for build in native portable; do echo "$$build, round $$round"; \
+		INFERNODE_BENCH_MODEL=$(CURDIR)/$(BENCH_MODEL) ../.build/session-$$build.test -test.run '^$$' \
+		-test.bench 'Decode/unified=true/seqs=(1|8)$$' -test.benchtime 3x | grep ^Benchmark; done; done
 
 # bench-cluster: forwarding overhead and routing capacity (fake engines in process, then
 # real infernode processes on the default model).

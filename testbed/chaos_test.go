@@ -52,3 +52,16 @@ func TestChaosShort(t *testing.T) {
 		})
 	}
 }
+
+// TestSchedules: every scenario leaves each fault's detection bound before healing it.
+func TestSchedules(t *testing.T) {
+	for _, s := range append(ShortSuite(1), LongSuite(1)...) {
+		if err := s.check(); err != nil {
+			t.Error(err)
+		}
+	}
+	bad := Scenario{Name: "hasty", Faults: []Fault{{At: time.Second, Kind: "kill", Node: 1}, {At: 2 * time.Second, Kind: "restart", Node: 1}}}
+	if bad.check() == nil {
+		t.Error("a restart 1s after a kill passed the schedule check")
+	}
+}

@@ -397,6 +397,35 @@ func (c *Cluster) WaitRings(ctx context.Context, want []string, timeout time.Dur
 	}
 }
 
+// WaitDropped polls every other running node until none has n on its ring (a node cut off
+// by a partition passes as soon as n is off its own ring), and returns how long that took.
+func (c *Cluster) WaitDropped(ctx context.Context, n *Node, timeout time.Duration) (time.Duration, error) {
+	start := time.Now()
+	for {
+		var holding []string
+		for _, o := range c.Nodes {
+			if o == n || !o.Running() {
+				continue
+			}
+			ring, err := c.Ring(o)
+			if err != nil || slices.Contains(ring, n.ID) {
+				holding = append(holding, fmt.Sprintf("%s (ring %v, err %v)", o.ID, ring, err))
+			}
+		}
+		if len(holding) == 0 {
+			return time.Since(start), nil
+		}
+		if time.Since(start) > timeout {
+			return time.Since(start), fmt.Errorf("%s still on the rings of %v after %v", n.ID, holding, timeout)
+		}
+		select {
+		case <-ctx.Done():
+			return time.Since(start), ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
 // IDs are the ids of the given nodes (all nodes when none are given).
 func (c *Cluster) IDs(nodes ...*Node) []string {
 	if len(nodes) == 0 {

@@ -19,13 +19,13 @@ func shortLoad(seed uint64) Workload {
 func ShortSuite(seed uint64) []Scenario {
 	return []Scenario{
 		{Name: "kill-restart", Nodes: 3, Workload: shortLoad(seed), MaxFailures: 8, MinResumes: 1, MinAffinity: 3, MaxNearTies: 0.25,
-			Doc: "kill -9 the owner of streams in flight, restart it 2.5s later",
+			Doc: "kill -9 the owner of streams in flight, restart it 3.5s later",
 			Faults: []Fault{{At: 1500 * time.Millisecond, Kind: "kill", Node: Busiest},
-				{At: 4 * time.Second, Kind: "restart", Node: Busiest}}},
+				{At: 5 * time.Second, Kind: "restart", Node: Busiest}}},
 		{Name: "pause-resume", Nodes: 3, Workload: shortLoad(seed), MaxFailures: 4, MinResumes: 1, MinAffinity: 3, MaxNearTies: 0.25,
-			Doc: "SIGSTOP the owner of streams in flight (alive but silent) for 2.5s, then SIGCONT",
+			Doc: "SIGSTOP the owner of streams in flight (alive but silent) for 3.5s, then SIGCONT",
 			Faults: []Fault{{At: 1500 * time.Millisecond, Kind: "pause", Node: Busiest},
-				{At: 4 * time.Second, Kind: "resume", Node: Busiest}}},
+				{At: 5 * time.Second, Kind: "resume", Node: Busiest}}},
 		{Name: "leave-join", Nodes: 3, Workload: shortLoad(seed), MaxFailures: 12, MinAffinity: 3, MaxNearTies: 0.25,
 			Doc:    "a node leaves gracefully (SIGTERM), then a new node joins mid-run",
 			Faults: []Fault{{At: 1500 * time.Millisecond, Kind: "leave", Node: 1}, {At: 3500 * time.Millisecond, Kind: "join"}}},
@@ -69,7 +69,7 @@ func LongSuite(seed uint64) []Scenario {
 				{At: at(50), Kind: "join"},
 				{At: at(54), Kind: "leave", Node: 4},
 				{At: at(57), Kind: "kill", Node: Busiest},
-				{At: at(60), Kind: "restart", Node: Busiest},
+				{At: at(61), Kind: "restart", Node: Busiest},
 			}},
 	}
 }
