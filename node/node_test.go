@@ -89,17 +89,10 @@ func startNode(t *testing.T, edit func(*Config, *session.Config)) *testNode {
 	return n
 }
 
+// post sends a JSON body (see postJSON) and reads the whole answer.
 func post(t *testing.T, url, body string, header ...string) (*http.Response, []byte) {
 	t.Helper()
-	req, _ := http.NewRequest("POST", url, strings.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Set(header[i], header[i+1])
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
+	resp := postJSON(t, url, body, header...)
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return resp, b
