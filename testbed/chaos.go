@@ -105,6 +105,9 @@ type Applied struct {
 	Aim string `json:"aim,omitempty"`
 	// DetectErr says why the rings did not agree with the fault within its bound.
 	DetectErr string `json:"detect_error,omitempty"`
+	// Unsupported says why this machine could not apply the fault (it is reported, and
+	// changes nothing).
+	Unsupported string `json:"unsupported,omitempty"`
 }
 
 // Check is one invariant's verdict.
@@ -220,10 +223,12 @@ func RunScenario(ctx context.Context, cfg Config, s Scenario) (*Report, error) {
 				continue
 			}
 			measures.Go(func() {
-				d, err := measure()
+				_, err := measure()
 				mu.Lock()
 				defer mu.Unlock()
-				rep.Faults[i].Detection = d
+				// From the moment the fault began to be applied: a heal or restart takes a
+				// while to carry out, and the rings may agree before it has finished.
+				rep.Faults[i].Detection = time.Since(a.Time)
 				if err != nil {
 					rep.Faults[i].DetectErr = err.Error()
 				}
@@ -422,6 +427,10 @@ func (c *Cluster) apply(ctx context.Context, f Fault) (Applied, func() (time.Dur
 	default:
 		err = fmt.Errorf("unknown fault %q", f.Kind)
 	}
+	if errors.Is(err, netem.ErrUnsupported) {
+		a.Unsupported = err.Error()
+		return a, nil
+	}
 	a.Err = errString(err)
 	if err != nil {
 		return a, nil
@@ -455,7 +464,7 @@ func windows(applied []Applied, c *Cluster, end time.Time) []Window {
 	}
 	netKinds := []string{"isolate", "halves", "oneway", "loss", "bandwidth", "delay"}
 	for _, a := range applied {
-		if a.Err != "" {
+		if a.Err != "" || a.Unsupported != "" {
 			continue
 		}
 		f := a.Fault
@@ -890,7 +899,11 @@ func (r *Report) Summary(w io.Writer) {
 		if a.Detection > 0 {
 			det = a.Detection.Round(time.Millisecond).String()
 		}
-		fmt.Fprintf(tw, "  fault\t%s\tbackend %s\trings agreed after %s\t%s%s%s\n", a.Fault, a.Backend, det, a.Aim, a.Err, a.DetectErr)
+		note := a.Aim + a.Err + a.DetectErr
+		if a.Unsupported != "" {
+			note = "not applied: " + a.Unsupported
+		}
+		fmt.Fprintf(tw, "  fault\t%s\tbackend %s\trings agreed after %s\t%s\n", a.Fault, a.Backend, det, note)
 	}
 	for _, ch := range r.Checks {
 		mark := "pass"

@@ -76,6 +76,7 @@ func chaos(args []string) int {
 			continue
 		}
 		dir := filepath.Join(*out, s.Name)
+		os.RemoveAll(dir) // node logs append: start each run's afresh
 		os.MkdirAll(dir, 0o755)
 		threads := max(1, runtime.NumCPU()/s.Nodes)
 		rep, err := testbed.RunScenario(ctx, testbed.Config{Binary: *binary, Model: *model, LogDir: dir,
