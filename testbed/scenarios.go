@@ -48,7 +48,7 @@ func LongSuite(seed uint64) []Scenario {
 	load := Workload{Conversations: 2000, Turns: 2, Concurrency: 8, Duration: 60 * time.Second, MaxTokens: 200,
 		StreamShare: 0.7, Timeout: 60 * time.Second, Seed: seed}
 	return []Scenario{
-		{Name: "everything", Nodes: 5, Netns: true, Workload: load, MaxFailures: 60, MinResumes: 3, MinAffinity: 20, MaxNearTies: 0.25,
+		{Name: "everything", Nodes: 5, Netns: true, Workload: load, MaxFailures: 60, MinResumes: 3, MinAffinity: 10, MaxNearTies: 0.25,
 			Doc: "kill, pause, isolation, two halves, one-way drop, loss, bandwidth, delay, join and leave, overlapping",
 			Faults: []Fault{
 				{At: at(5), Kind: "kill", Node: 1},
