@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -22,15 +23,18 @@ func start(t *testing.T, id string, join []string, key []byte) (*Gossip, context
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- g.Run(ctx) }()
+	// stop ends Run and waits for it (its last logs go to the test's output, which must
+	// still be open); the cleanup calls it too, so it must be safe twice.
+	var once sync.Once
 	stop := func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		})
 	}
-	t.Cleanup(func() {
-		cancel()
-	})
+	t.Cleanup(stop)
 	poll.Until(t, 15*time.Second, id+" started", func() bool { return g.Addr() != "" })
 	return g, stop
 }
@@ -136,6 +140,7 @@ func TestInvalidMetaAndPruning(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() { done <- liar.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
 	var got Member
 	poll.Until(t, 15*time.Second, "a sees the liar", func() bool {
 		for _, m := range a.Members() {
@@ -149,8 +154,7 @@ func TestInvalidMetaAndPruning(t *testing.T) {
 	if got.Invalid == "" || !strings.Contains(got.Invalid, "does not match") {
 		t.Errorf("liar's metadata accepted: %+v", got)
 	}
-	cancel()
-	<-done
+	cancel() // the liar leaves; the cleanup waits for its Run to return
 	poll.Until(t, 15*time.Second, "a sees the liar leave", func() bool {
 		for _, m := range a.Members() {
 			if strings.HasPrefix(m.Name, "liar#") {
