@@ -60,7 +60,6 @@ type Router struct {
 	holder  map[string]string        // id → the live member name that holds it
 	refused map[string]bool          // member names refused for claiming a live member's id (logged once)
 	down    map[string]chan struct{} // closed when the peer is declared down (see abandonDown)
-	leaving map[string]bool          // peers that announced a graceful leave
 
 	forwards *prometheus.CounterVec
 	resumes  prometheus.Counter
@@ -96,7 +95,6 @@ func New(cfg Config, g Membership, local Engine) (*Router, error) {
 		holder:  map[string]string{},
 		refused: map[string]bool{},
 		down:    map[string]chan struct{}{},
-		leaving: map[string]bool{},
 		forwards: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "infernode_forwards_total", Help: "Requests forwarded to their owner, by outcome.",
 		}, []string{"outcome"}),
@@ -189,8 +187,10 @@ func (r *Router) Sync() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	byID := map[string]gossip.Member{}
+	names := map[string]bool{}
 	var dup []gossip.Member
 	for _, m := range members {
+		names[m.Name] = true
 		id := m.Meta.ID
 		if m.Invalid != "" || id == "" || id == r.cfg.Self {
 			continue
@@ -208,9 +208,19 @@ func (r *Router) Sync() {
 			byID[id] = m
 		}
 	}
+	for id := range r.holder {
+		if byID[id].State != gossip.Alive {
+			delete(r.holder, id)
+		}
+	}
 	for id, m := range byID {
 		if m.State == gossip.Alive {
 			r.holder[id] = m.Name
+		}
+	}
+	for name := range r.refused {
+		if !names[name] { // pruned by gossip: forget it here too
+			delete(r.refused, name)
 		}
 	}
 	for _, m := range dup {
@@ -226,11 +236,7 @@ func (r *Router) Sync() {
 			changed = r.table.Forget(id) || changed
 		}
 	}
-	clear(r.leaving)
 	for id, m := range byID {
-		if m.Meta.Leaving || m.State == gossip.Left {
-			r.leaving[id] = m.State != gossip.Dead
-		}
 		if m.State != gossip.Alive || m.Meta.Leaving {
 			changed = r.table.Forget(id) || changed
 		} else {
@@ -240,8 +246,9 @@ func (r *Router) Sync() {
 	r.members = byID
 	if changed {
 		r.ringChanged()
+	} else {
+		r.abandonDown() // a peer off the ring may have gone from leaving to dead
 	}
-	r.abandonDown()
 }
 
 // ringChanged logs the new ring and abandons forwards to peers declared down. Callers hold
@@ -257,7 +264,9 @@ func (r *Router) ringChanged() {
 func (r *Router) abandonDown() {
 	members := r.table.Ring().Members()
 	for id, ch := range r.down {
-		if !slices.Contains(members, id) && !r.leaving[id] {
+		m := r.members[id]
+		leaving := (m.Meta.Leaving || m.State == gossip.Left) && m.State != gossip.Dead
+		if !slices.Contains(members, id) && !leaving {
 			close(ch)
 			delete(r.down, id)
 		}
