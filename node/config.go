@@ -1,11 +1,11 @@
 package node
 
 import (
-	"errors"
-	"fmt"
 	"log/slog"
 	"net"
 	"time"
+
+	"github.com/infernode/infernode/internal/validate"
 )
 
 // Config configures a Server. Build one with DefaultConfig and change what you need.
@@ -71,12 +71,8 @@ func DefaultConfig() Config {
 
 // Validate reports every problem with c at once.
 func (c Config) Validate() error {
-	var errs []error
-	check := func(ok bool, format string, args ...any) {
-		if !ok {
-			errs = append(errs, fmt.Errorf(format, args...))
-		}
-	}
+	p := validate.New("")
+	check := p.Check
 	check(c.ID != "", "node id is required")
 	check(c.Addr != "" || c.Listener != nil, "listen address is required")
 	check(c.ModelName != "", "model name is required")
@@ -84,14 +80,10 @@ func (c Config) Validate() error {
 	check(c.MaxTokens >= 1, "max tokens must be at least 1, got %d", c.MaxTokens)
 	check(c.StreamBuffer >= 4096, "stream buffer must be at least 4096 bytes, got %d", c.StreamBuffer)
 	check(c.MaxStreams >= 1, "max streams must be at least 1, got %d", c.MaxStreams)
-	for _, d := range []struct {
-		name string
-		d    time.Duration
-	}{
-		{"request timeout", c.RequestTimeout}, {"write timeout", c.WriteTimeout}, {"read timeout", c.ReadTimeout},
-		{"idle timeout", c.IdleTimeout}, {"drain timeout", c.DrainTimeout},
-	} {
-		check(d.d > 0, "%s must be positive, got %v", d.name, d.d)
-	}
-	return errors.Join(errs...)
+	p.Positive("request timeout", c.RequestTimeout)
+	p.Positive("write timeout", c.WriteTimeout)
+	p.Positive("read timeout", c.ReadTimeout)
+	p.Positive("idle timeout", c.IdleTimeout)
+	p.Positive("drain timeout", c.DrainTimeout)
+	return p.Err()
 }

@@ -1,11 +1,11 @@
 package session
 
 import (
-	"errors"
-	"fmt"
 	"log/slog"
 	"runtime"
 	"time"
+
+	"github.com/infernode/infernode/internal/validate"
 )
 
 // Config configures an Engine. Build one with DefaultConfig and change what you need.
@@ -66,12 +66,8 @@ func DefaultConfig() Config {
 
 // Validate reports every problem with c at once.
 func (c Config) Validate() error {
-	var errs []error
-	check := func(ok bool, format string, args ...any) {
-		if !ok {
-			errs = append(errs, fmt.Errorf(format, args...))
-		}
-	}
+	p := validate.New("")
+	check := p.Check
 	check(c.ModelPath != "", "model path is required")
 	check(c.Sequences >= 1 && c.Sequences <= 256, "sequences must be in [1, 256], got %d", c.Sequences)
 	check(c.BatchSize >= c.Sequences, "batch size %d must be at least the number of sequences %d", c.BatchSize, c.Sequences)
@@ -83,6 +79,6 @@ func (c Config) Validate() error {
 	check(c.DefaultMaxTokens >= 1, "default max tokens must be at least 1, got %d", c.DefaultMaxTokens)
 	check(c.MaxPromptTokens >= 0, "max prompt tokens must not be negative, got %d", c.MaxPromptTokens)
 	check(c.MaxQueue >= 0, "max queue must not be negative, got %d", c.MaxQueue)
-	check(c.QueueTimeout > 0, "queue timeout must be positive, got %v", c.QueueTimeout)
-	return errors.Join(errs...)
+	p.Positive("queue timeout", c.QueueTimeout)
+	return p.Err()
 }

@@ -1,12 +1,11 @@
 package routing
 
 import (
-	"errors"
-	"fmt"
 	"log/slog"
 	"net/http"
 	"time"
 
+	"github.com/infernode/infernode/internal/validate"
 	"github.com/infernode/infernode/ring"
 )
 
@@ -81,38 +80,29 @@ func DefaultConfig() Config {
 
 // Validate reports every problem with c at once.
 func (c Config) Validate() error {
-	var errs []error
-	check := func(ok bool, format string, args ...any) {
-		if !ok {
-			errs = append(errs, fmt.Errorf(format, args...))
-		}
-	}
-	check(c.Self != "", "routing: self id is required")
-	check(c.HTTPAddr != "", "routing: HTTP address is required")
-	check(c.Fingerprint != "", "routing: model fingerprint is required")
-	check(c.Model != "", "routing: model name is required")
-	check(len(c.Secret) > 0 || c.Insecure, "routing: a cluster secret is required (or run insecure, on a trusted network only)")
+	p := validate.New("")
+	check := p.Check
+	check(c.Self != "", "self id is required")
+	check(c.HTTPAddr != "", "HTTP address is required")
+	check(c.Fingerprint != "", "model fingerprint is required")
+	check(c.Model != "", "model name is required")
+	check(len(c.Secret) > 0 || c.Insecure, "a cluster secret is required (or run insecure, on a trusted network only)")
 	for _, k := range append([][]byte{c.Secret}, c.AcceptSecrets...) {
-		check(len(c.Secret) == 0 || len(k) >= 16, "routing: hop keys must be at least 16 bytes, got %d", len(k))
+		check(len(c.Secret) == 0 || len(k) >= 16, "hop keys must be at least 16 bytes, got %d", len(k))
 	}
-	for _, d := range []struct {
-		name string
-		d    time.Duration
-	}{
-		{"max skew", c.MaxSkew}, {"probe interval", c.ProbeInterval}, {"probe timeout", c.ProbeTimeout},
-		{"connect timeout", c.ConnectTimeout}, {"header timeout", c.HeaderTimeout},
-	} {
-		check(d.d > 0, "routing: %s must be positive, got %v", d.name, d.d)
-	}
-	check(c.ProbeTimeout < c.ProbeInterval, "routing: probe timeout (%v) must be below the probe interval (%v)", c.ProbeTimeout, c.ProbeInterval)
-	check(c.MaxLine >= 4096, "routing: max line must be at least 4096 bytes, got %d", c.MaxLine)
-	check(c.Candidates >= 1, "routing: candidates must be at least 1, got %d", c.Candidates)
-	check(c.DefaultMaxTokens >= 1, "routing: default max tokens must be at least 1, got %d", c.DefaultMaxTokens)
-	check(c.QueueCap >= 0, "routing: queue capacity must not be negative, got %d", c.QueueCap)
-	if err := c.Ring.Validate(); err != nil {
-		errs = append(errs, fmt.Errorf("routing: ring: %w", err))
-	}
-	return errors.Join(errs...)
+	p.Positive("max skew", c.MaxSkew)
+	p.Positive("probe interval", c.ProbeInterval)
+	p.Positive("probe timeout", c.ProbeTimeout)
+	p.Positive("connect timeout", c.ConnectTimeout)
+	p.Positive("header timeout", c.HeaderTimeout)
+	check(c.ProbeTimeout < c.ProbeInterval, "probe timeout (%v) must be below the probe interval (%v)", c.ProbeTimeout, c.ProbeInterval)
+	check(c.MaxLine >= 4096, "max line must be at least 4096 bytes, got %d", c.MaxLine)
+	check(c.Candidates >= 1, "candidates must be at least 1, got %d", c.Candidates)
+	check(c.DefaultMaxTokens >= 1, "default max tokens must be at least 1, got %d", c.DefaultMaxTokens)
+	check(c.QueueCap >= 0, "queue capacity must not be negative, got %d", c.QueueCap)
+	err := c.Ring.Validate()
+	check(err == nil, "ring: %w", err)
+	return p.Err()
 }
 
 // Clock is the time source of routing: tests inject a fake one.
