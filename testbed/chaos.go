@@ -827,9 +827,9 @@ func tieAt(ctx context.Context, client *http.Client, ref *Node, r Record, maxTok
 // startReference runs a standalone node (no cluster) on loopback with cfg's binary and
 // model, for reference answers.
 func startReference(ctx context.Context, cfg Config) (*Node, func(), error) {
-	ref := &Node{ID: "reference", standalone: true, cfg: &Config{Binary: cfg.Binary, LogDir: cfg.LogDir, Secret: "unused"},
-		args: append([]string{"--model", cfg.Model, "--id", "reference", "--log-format", "json", "--addr", "127.0.0.1:0",
-			"--threads", "1"}, "--ctx", "8192")}
+	ref := &Node{ID: "reference", standalone: true, cfg: &Config{Binary: cfg.Binary, LogDir: cfg.LogDir},
+		args: []string{"--model", cfg.Model, "--id", "reference", "--log-format", "json", "--addr", "127.0.0.1:0",
+			"--threads", "1", "--ctx", "8192"}}
 	if err := ref.start(ctx); err != nil {
 		return nil, nil, err
 	}

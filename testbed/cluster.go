@@ -141,7 +141,10 @@ func (n *Node) start(ctx context.Context) error {
 		argv = n.Host.Command(n.cfg.Binary, n.args...) // ip netns exec execs: the pid is the node's
 	}
 	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env = append(os.Environ(), "INFERNODE_CLUSTER_SECRET="+n.cfg.Secret)
+	cmd.Env = os.Environ()
+	if !n.standalone {
+		cmd.Env = append(cmd.Env, "INFERNODE_CLUSTER_SECRET="+n.cfg.Secret)
+	}
 	// Its own process group: a Ctrl-C meant for the testbed does not reach the nodes
 	// directly, so the testbed decides how they stop.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

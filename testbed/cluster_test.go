@@ -72,7 +72,8 @@ func tailLines(s string, n int) string {
 type answer struct {
 	status int
 	node   string
-	cached int
+	prompt int // prompt tokens
+	cached int // of them, reused from the KV cache
 	text   string
 }
 
@@ -80,7 +81,13 @@ var client = &http.Client{Timeout: 60 * time.Second}
 
 func chat(t testing.TB, url string, msgs []message, maxTokens int) answer {
 	t.Helper()
-	body, _ := json.Marshal(map[string]any{"messages": msgs, "max_tokens": maxTokens, "temperature": 0})
+	return chatWith(t, url, map[string]any{"messages": msgs, "max_tokens": maxTokens, "temperature": 0})
+}
+
+// chatWith sends a chat completion with any body and reads what the tests look at.
+func chatWith(t testing.TB, url string, req map[string]any) answer {
+	t.Helper()
+	body, _ := json.Marshal(req)
 	resp, err := client.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(string(body)))
 	if err != nil {
 		t.Errorf("chat: %v", err)
@@ -93,6 +100,7 @@ func chat(t testing.TB, url string, msgs []message, maxTokens int) answer {
 	b, _ := io.ReadAll(resp.Body)
 	json.Unmarshal(b, &out)
 	a := answer{status: resp.StatusCode, node: resp.Header.Get("X-Infernode-Node")}
+	a.prompt, _ = strconv.Atoi(resp.Header.Get("X-Infernode-Prompt-Tokens"))
 	a.cached, _ = strconv.Atoi(resp.Header.Get("X-Infernode-Cached-Tokens"))
 	if len(out.Choices) > 0 {
 		a.text = out.Choices[0].Message.Content
