@@ -62,11 +62,7 @@ func (e *Engine) tokenize(prompt string) ([]int32, error) {
 	if err != nil {
 		return nil, err
 	}
-	bos, err := e.model.Tokenize("", true, false)
-	if err != nil {
-		return nil, err
-	}
-	want := e.controls(bos)
+	want := e.controls(e.bos)
 	for i := 0; i < len(parts); i += 2 {
 		toks, err := e.model.Tokenize(parts[i], false, true)
 		if err != nil {

@@ -22,7 +22,8 @@ type Engine struct {
 	batch *llama.Batch
 	rng   *rand.Rand // seeds for requests asking for a random one; engine goroutine only
 
-	seqCells int // cells one sequence may use
+	seqCells int     // cells one sequence may use
+	bos      []int32 // what tokenizing adds before every prompt (the model's BOS, if it wants one)
 
 	mu      sync.Mutex
 	waiting []*job // FIFO, at most cfg.MaxQueue; guarded by mu
@@ -104,8 +105,9 @@ func New(cfg Config) (*Engine, error) {
 	if seed == 0 {
 		seed = uint64(time.Now().UnixNano())
 	}
+	bos, _ := model.Tokenize("", true, false) // nothing when the tokenizer fails: warm falls back to token 0
 	e := &Engine{
-		cfg: cfg, log: log, model: model, lctx: lctx,
+		cfg: cfg, log: log, model: model, lctx: lctx, bos: bos,
 		batch:    llama.NewBatch(cfg.BatchSize),
 		rng:      rand.New(rand.NewPCG(seed, seed>>32|1)),
 		seqCells: lctx.SeqCells(),
@@ -243,12 +245,12 @@ func (e *Engine) Run(ctx context.Context) error {
 
 // warm decodes one token so the first request does not pay for lazy initialisation.
 func (e *Engine) warm() error {
-	bos, err := e.model.Tokenize("", true, false)
-	if err != nil || len(bos) == 0 {
-		bos = []int32{0}
+	tok := int32(0)
+	if len(e.bos) > 0 {
+		tok = e.bos[0]
 	}
 	e.batch.Clear()
-	e.batch.Add(bos[0], 0, 0, true)
+	e.batch.Add(tok, 0, 0, true)
 	if err := e.lctx.Decode(e.batch); err != nil {
 		return fmt.Errorf("warm up: %w", err)
 	}
