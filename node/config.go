@@ -29,8 +29,10 @@ type Config struct {
 	MaxBodyBytes int
 	// MaxTokens is the largest max_tokens a request may ask for. Default 8192.
 	MaxTokens int
-	// MaxStreams is how many generation requests may be in flight (queued in the engine
-	// or running); more are refused with 503 at once. Default 128.
+	// MaxStreams is how many generation requests may be in flight on this node, served
+	// here or forwarded to their owners; more are refused with 503 at once. It bounds the
+	// node's memory and sockets: the engine's own queue limit decides when this node is
+	// too busy to serve, and then requests spill to other owners. Default 1024.
 	MaxStreams int
 	// RequestTimeout bounds a generation request from arrival to its last byte.
 	// Default 10m.
@@ -59,7 +61,7 @@ func DefaultConfig() Config {
 		Addr:           ":8080",
 		MaxBodyBytes:   4 << 20,          // ~1M tokens of text: far past any context
 		MaxTokens:      8192,             // the default context
-		MaxStreams:     128,              // engine queue (64) plus running, with headroom
+		MaxStreams:     1024,             // a goroutine and a socket each; the engine queue sheds load
 		RequestTimeout: 10 * time.Minute, // a long generation on a slow CPU
 		WriteTimeout:   10 * time.Second, // a client this far behind is gone or hostile
 		StreamBuffer:   64 << 10,         // thousands of tokens of SSE

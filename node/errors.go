@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 
 	"github.com/valyala/fasthttp"
@@ -95,8 +96,13 @@ func toAPIError(err error) *apiError {
 	case errors.Is(err, infer.ErrInvalid):
 		return badRequest("", "%s", err.Error())
 	case errors.Is(err, infer.ErrOverloaded):
+		retry := 1
+		var o *infer.OverloadedError
+		if errors.As(err, &o) {
+			retry = max(1, int(math.Ceil(o.RetryAfter.Seconds())))
+		}
 		return &apiError{Status: fasthttp.StatusServiceUnavailable, Type: "server_error", Code: "overloaded",
-			Message: err.Error(), RetryAfter: 1}
+			Message: err.Error(), RetryAfter: retry}
 	case errors.Is(err, infer.ErrClosed):
 		return errNotReady
 	case errors.Is(err, context.DeadlineExceeded):

@@ -26,9 +26,10 @@ type Engine struct {
 	bos      []int32 // what tokenizing adds before every prompt (the model's BOS, if it wants one)
 
 	mu      sync.Mutex
-	waiting []*job // FIFO, at most cfg.MaxQueue; guarded by mu
-	running bool   // Run is in its loop; guarded by mu
-	refused uint64 // requests refused at Submit; guarded by mu
+	waiting []*job      // FIFO, at most cfg.MaxQueue; guarded by mu
+	running bool        // Run is in its loop; guarded by mu
+	refused uint64      // requests refused at Submit; guarded by mu
+	done    []time.Time // when the last drainWindow requests finished, oldest first; guarded by mu
 	wake    chan struct{}
 
 	// Engine-goroutine state.
@@ -191,8 +192,9 @@ func (e *Engine) Submit(ctx context.Context, req Request) (*Stream, error) {
 		return nil, ErrClosed
 	case len(e.waiting) >= e.cfg.MaxQueue:
 		e.refused++
+		err := e.overloaded("queue full")
 		e.mu.Unlock()
-		return nil, ErrOverloaded
+		return nil, err
 	}
 	e.waiting = append(e.waiting, j)
 	e.mu.Unlock()
@@ -297,6 +299,7 @@ func (e *Engine) expire(stats *Stats) {
 	now := time.Now()
 	var canceled, timedOut []*job
 	e.mu.Lock()
+	refusal := e.overloaded("queue timeout")
 	e.waiting = slices.DeleteFunc(e.waiting, func(j *job) bool {
 		switch {
 		case j.ctx.Err() != nil:
@@ -316,6 +319,22 @@ func (e *Engine) expire(stats *Stats) {
 	for _, j := range timedOut {
 		stats.Refused++
 		e.log.Warn("request refused", "reason", "queue timeout", "waited", now.Sub(j.submitted))
-		e.finish(j, "", fmt.Errorf("%w: waited %v for a sequence", ErrOverloaded, e.cfg.QueueTimeout))
+		e.finish(j, "", refusal)
 	}
+}
+
+// drainWindow is how many recent completions estimate the rate the queue drains at.
+const drainWindow = 32
+
+// overloaded is the refusal of a request that cannot wait, with a RetryAfter from the rate
+// requests have been finishing and the queue ahead: the time for the queue to drain, at
+// least a second and at most the queue timeout. Callers hold mu.
+func (e *Engine) overloaded(reason string) error {
+	wait := time.Second
+	if n := len(e.done); n >= 2 {
+		if span := e.done[n-1].Sub(e.done[0]); span > 0 {
+			wait = span / time.Duration(n-1) * time.Duration(len(e.waiting)+1)
+		}
+	}
+	return &OverloadedError{Reason: reason, RetryAfter: min(max(wait, time.Second), e.cfg.QueueTimeout)}
 }

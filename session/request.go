@@ -12,6 +12,7 @@ type (
 	Message            = infer.Message
 	InvalidError       = infer.InvalidError
 	PromptTooLongError = infer.PromptTooLongError
+	OverloadedError    = infer.OverloadedError
 	TokenLogprob       = infer.TokenLogprob
 	TopLogprob         = infer.TopLogprob
 )

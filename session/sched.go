@@ -320,6 +320,13 @@ func (e *Engine) finish(j *job, reason string, err error) {
 	}
 	if err != nil {
 		e.log.Debug("request failed", "session", j.req.SessionID, "err", err)
+	} else {
+		e.mu.Lock()
+		if len(e.done) == drainWindow {
+			e.done = e.done[1:]
+		}
+		e.done = append(e.done, now)
+		e.mu.Unlock()
 	}
 	j.stream.finish(res)
 }

@@ -1,8 +1,10 @@
 package session
 
 import (
+	"errors"
 	"slices"
 	"testing"
+	"time"
 )
 
 // Placement needs no model: these table tests build the engine's slots by hand, as
@@ -94,5 +96,28 @@ func TestPlace(t *testing.T) {
 					p.slot.seq, p.reuse, evicted, tc.slot, tc.reuse, tc.evict)
 			}
 		})
+	}
+}
+
+// A refusal's Retry-After is the time the queue ahead takes to drain at the measured rate.
+func TestOverloadedRetryAfter(t *testing.T) {
+	e := &Engine{cfg: Config{QueueTimeout: 30 * time.Second}}
+	start := time.Now()
+	for i := range 5 { // a completion every 500ms
+		e.done = append(e.done, start.Add(time.Duration(i)*500*time.Millisecond))
+	}
+	for _, tc := range []struct {
+		waiting int
+		want    time.Duration
+	}{
+		{0, time.Second},       // at least a second
+		{9, 5 * time.Second},   // ten requests ahead, this one included
+		{99, 30 * time.Second}, // never more than the queue timeout
+	} {
+		e.waiting = make([]*job, tc.waiting)
+		var o *OverloadedError
+		if err := e.overloaded("queue full"); !errors.As(err, &o) || !errors.Is(err, ErrOverloaded) || o.RetryAfter != tc.want {
+			t.Errorf("%d waiting: %v, want retry after %v", tc.waiting, err, tc.want)
+		}
 	}
 }

@@ -1,6 +1,7 @@
 package routing
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -118,11 +119,13 @@ func (c *fakeClock) Advance(d time.Duration) {
 
 // script says how a fake peer or engine behaves.
 type script struct {
-	refuse     bool // transport: connection refused
-	hang       bool // accept the request, never answer until canceled
-	busy       bool // answer 503 overloaded
-	crashAfter int  // break the connection after this many tokens (0: never)
-	stallAfter int  // after this many tokens, wait for cancellation or release (0: never)
+	refuse     bool          // transport: connection refused
+	hang       bool          // accept the request, never answer until canceled
+	busy       bool          // answer 503 overloaded
+	retry      time.Duration // when busy, the Retry-After it asks for (default 1s)
+	running    int           // requests its Stats report running
+	crashAfter int           // break the connection after this many tokens (0: never)
+	stallAfter int           // after this many tokens, wait for cancellation or release (0: never)
 }
 
 // fakeEngine continues a prompt deterministically: its answer is " w0 w1 w2 ...", and a
@@ -158,7 +161,7 @@ func (e *fakeEngine) Submit(ctx context.Context, req infer.Request) (infer.Strea
 	s := e.get()
 	switch {
 	case s.busy:
-		return nil, fmt.Errorf("%w: queue full", infer.ErrOverloaded)
+		return nil, &infer.OverloadedError{Reason: "queue full", RetryAfter: cmp.Or(s.retry, time.Second)}
 	case s.hang:
 		<-ctx.Done()
 		e.canceled.Add(1)
@@ -177,7 +180,7 @@ func (e *fakeEngine) Submit(ctx context.Context, req infer.Request) (infer.Strea
 	return &fakeStream{ctx: ctx, e: e, next: k, left: limit, prompt: len(words), stallAfter: s.stallAfter}, nil
 }
 
-func (e *fakeEngine) Stats() infer.Stats { return infer.Stats{} }
+func (e *fakeEngine) Stats() infer.Stats { return infer.Stats{Running: e.get().running} }
 func (e *fakeEngine) Ready() bool        { return true }
 
 type fakeStream struct {
@@ -329,7 +332,7 @@ func (p *peer) serveHop(w http.ResponseWriter, req *http.Request) {
 
 func testError(err error) *Error {
 	if errors.Is(err, infer.ErrOverloaded) {
-		return &Error{Status: 503, Message: err.Error(), Type: "server_error", Code: "overloaded", RetryAfter: 1}
+		return &Error{Status: 503, Message: err.Error(), Type: "server_error", Code: "overloaded", RetryAfter: int(retryAfter(err).Seconds())}
 	}
 	return &Error{Status: 500, Message: err.Error(), Type: "server_error"}
 }

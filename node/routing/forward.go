@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/infernode/infernode/session/infer"
 )
@@ -65,11 +66,14 @@ func (r *Router) submit(ctx context.Context, req infer.Request, tried []string) 
 		last := i == len(cands)-1
 		if c.id == r.cfg.Self {
 			st, err := r.local.Submit(ctx, req)
-			if err == nil || last || !localBusy(err) {
+			if err == nil || !localBusy(err) {
 				return st, err
 			}
+			busy, tried = sooner(busy, err), append(tried, c.id)
+			if last {
+				return nil, busy
+			}
 			r.forwards.WithLabelValues("spilled").Inc()
-			busy, tried = err, append(tried, c.id)
 			continue
 		}
 		if c.full && !last {
@@ -91,7 +95,7 @@ func (r *Router) submit(ctx context.Context, req infer.Request, tried []string) 
 		case errors.As(err, &remote) && remote.busy():
 			r.forwards.WithLabelValues("spilled").Inc()
 			r.log.Debug("owner busy, trying the next one", "peer", c.id, "err", err)
-			busy = err
+			busy = sooner(busy, err)
 		case errors.As(err, &remote):
 			r.forwards.WithLabelValues("refused").Inc()
 			return nil, err
@@ -105,6 +109,28 @@ func (r *Router) submit(ctx context.Context, req infer.Request, tried []string) 
 		return nil, busy
 	}
 	return r.local.Submit(ctx, req)
+}
+
+// sooner is the busy answer that says to retry sooner: a client refused by every candidate
+// is told the earliest time any of them expects room.
+func sooner(a, b error) error {
+	if a == nil || retryAfter(b) < retryAfter(a) {
+		return b
+	}
+	return a
+}
+
+// retryAfter is when a busy answer says to retry (a second when it does not say).
+func retryAfter(err error) time.Duration {
+	var remote *Error
+	var local *infer.OverloadedError
+	switch {
+	case errors.As(err, &remote) && remote.RetryAfter > 0:
+		return time.Duration(remote.RetryAfter) * time.Second
+	case errors.As(err, &local):
+		return local.RetryAfter
+	}
+	return time.Second
 }
 
 // localBusy reports whether the local engine refused a request for now, not for good.

@@ -1,6 +1,7 @@
 package routing
 
 import (
+	"cmp"
 	"context"
 	"log/slog"
 	"net"
@@ -354,10 +355,14 @@ func (r *Router) observe(peer string, ok bool, by string) {
 type candidate struct {
 	id, addr string
 	full     bool // its gossiped queue is full
+	load     int  // its requests running and waiting, as last gossiped
 }
 
-// candidates are the peers to try for key, owner first.
+// candidates are the peers to try for key: its owner, then the next owners least loaded
+// first (by their gossiped load; ring order among equals), so a busy owner's work spills
+// where it waits least.
 func (r *Router) candidates(key string) []candidate {
+	st := r.local.Stats()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	ids, err := r.table.Ring().Owners(key, r.cfg.Candidates)
@@ -366,8 +371,23 @@ func (r *Router) candidates(key string) []candidate {
 	}
 	out := make([]candidate, 0, len(ids))
 	for _, id := range ids {
-		m := r.members[id]
-		out = append(out, candidate{id: id, addr: m.Meta.HTTPAddr, full: m.Meta.Full()})
+		if id == r.cfg.Self {
+			out = append(out, candidate{id: id, load: st.Running + st.Waiting})
+			continue
+		}
+		m := r.members[id].Meta
+		out = append(out, candidate{id: id, addr: m.HTTPAddr, full: m.Full(), load: m.Running + m.Waiting})
+	}
+	if len(out) > 1 {
+		slices.SortStableFunc(out[1:], func(a, b candidate) int {
+			switch {
+			case a.full && !b.full:
+				return 1
+			case b.full && !a.full:
+				return -1
+			}
+			return cmp.Compare(a.load, b.load)
+		})
 	}
 	return out
 }

@@ -128,6 +128,50 @@ func TestRouting(t *testing.T) {
 
 // A peer that takes the request but sends no headers within HeaderTimeout counts as failed
 // and the next owner serves; its request is canceled.
+// A busy owner's request goes to the least loaded of the next owners, by gossiped load.
+func TestSpillLeastLoaded(t *testing.T) {
+	c := newCluster(t, "b", "c", "d")
+	key := c.keyOwnedBy("b")
+	cands := c.entry.candidates(key)
+	second, third := cands[1].id, cands[2].id
+	members := []gossip.Member{member("b"), member("c"), member("d")}
+	for i := range members {
+		if members[i].Meta.ID == second {
+			members[i].Meta.Running, members[i].Meta.Waiting = 8, 5
+		}
+	}
+	if second == "a" {
+		c.local.set(script{running: 13})
+	}
+	c.members.set(members...)
+	c.entry.Sync()
+	c.peers["b"].engine.set(script{busy: true})
+	st, err := c.entry.Submit(t.Context(), greedy(key, "hello", 4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, res := collect(st); res.Err != nil || servedBy(st) != third {
+		t.Fatalf("served by %q (err %v), want %s: %s, next in ring order, gossips 13 requests", servedBy(st), res.Err, third, second)
+	}
+}
+
+// A request every candidate refuses as busy is told to retry when the soonest of them
+// expects room, not after a constant.
+func TestRetryAfterSoonest(t *testing.T) {
+	c := newCluster(t, "b", "c")
+	key := c.keyOwnedBy("b", "c", "a")
+	c.peers["b"].engine.set(script{busy: true, retry: 9 * time.Second})
+	c.peers["c"].engine.set(script{busy: true, retry: 4 * time.Second})
+	c.local.set(script{busy: true, retry: 7 * time.Second})
+	_, err := c.entry.Submit(t.Context(), greedy(key, "hello", 4))
+	if !errors.Is(err, infer.ErrOverloaded) && !errors.As(err, new(*Error)) {
+		t.Fatalf("Submit = %v, want overloaded", err)
+	}
+	if got := retryAfter(err); got != 4*time.Second {
+		t.Errorf("retry after %v, want 4s (the soonest of 9s, 4s, 7s)", got)
+	}
+}
+
 func TestHeaderTimeout(t *testing.T) {
 	c := newCluster(t, "b", "c")
 	key := c.keyOwnedBy("b", "c")

@@ -94,6 +94,20 @@ func (e *InvalidError) Error() string { return fmt.Sprintf("invalid %s: %s", e.P
 // Is makes errors.Is(err, ErrInvalid) true for every InvalidError.
 func (e *InvalidError) Is(target error) bool { return target == ErrInvalid }
 
+// OverloadedError is ErrOverloaded with the engine's estimate of when to retry: how long
+// its queue takes to drain at the rate it has been finishing requests.
+type OverloadedError struct {
+	Reason     string // "queue full" or "queue timeout"
+	RetryAfter time.Duration
+}
+
+func (e *OverloadedError) Error() string {
+	return fmt.Sprintf("engine overloaded (%s); retry in %v", e.Reason, e.RetryAfter)
+}
+
+// Is makes errors.Is(err, ErrOverloaded) true.
+func (e *OverloadedError) Is(target error) bool { return target == ErrOverloaded }
+
 // PromptTooLongError reports a prompt that cannot fit.
 type PromptTooLongError struct {
 	Tokens, Limit int
