@@ -31,9 +31,9 @@ type Config struct {
 	// MaxPromptTokens refuses longer prompts with ErrPromptTooLong. 0 means no limit but
 	// the sequence's context. Default 0.
 	MaxPromptTokens int
-	// DefaultMaxTokens caps generation when a request names no limit. Every admitted
-	// request reserves KV cells for its prompt plus its token limit, so this bounds how
-	// much of the pool one request holds. Default 1024.
+	// DefaultMaxTokens caps generation when a request names no limit. Default 1024.
+	// (In a unified pool a request claims cells for its prompt and at most Cells/Sequences
+	// generated tokens at admission, and more as it decodes; see docs/ARCHITECTURE.md.)
 	DefaultMaxTokens int
 	// MaxQueue is how many requests may wait for admission; more are refused at once
 	// with ErrOverloaded. Default 64.

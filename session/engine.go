@@ -22,7 +22,9 @@ type Engine struct {
 	batch *llama.Batch
 	rng   *rand.Rand // seeds for requests asking for a random one; engine goroutine only
 
+	cells    int     // cells in the KV cache, as llama.cpp made it (it may round Config.Cells up)
 	seqCells int     // cells one sequence may use
+	share    int     // generated tokens a request claims cells for at admission: cells/sequences
 	bos      []int32 // what tokenizing adds before every prompt (the model's BOS, if it wants one)
 
 	mu      sync.Mutex
@@ -33,9 +35,10 @@ type Engine struct {
 	wake    chan struct{}
 
 	// Engine-goroutine state.
-	slots []*slot
-	jobs  []*job // admitted, in admission order
-	tick  uint64 // step counter, the LRU clock
+	slots   []*slot
+	jobs    []*job // admitted, in admission order
+	tick    uint64 // step counter, the LRU clock
+	stalled int    // running requests the last step left waiting for cells to grow into
 
 	stats     atomic.Pointer[Stats]
 	ready     atomic.Bool
@@ -72,13 +75,11 @@ type job struct {
 	logits   llama.Logits // that row, once decoded
 	next     int32        // the token sampled from it
 	fed      int          // tokens of pending in the current step's batch
+	claim    int          // KV cells it holds in a unified pool's accounting (see room)
 	first    time.Time
 	gen      int
 	logprobs []TokenLogprob // when the request asked for them
 }
-
-// reserve is how many KV cells the job may use in all.
-func (j *job) reserve() int { return len(j.prompt) + j.maxTokens }
 
 // New loads the model and creates the context. It starts nothing: Run does the work.
 func New(cfg Config) (*Engine, error) {
@@ -111,7 +112,9 @@ func New(cfg Config) (*Engine, error) {
 		cfg: cfg, log: log, model: model, lctx: lctx, bos: bos,
 		batch:    llama.NewBatch(cfg.BatchSize),
 		rng:      rand.New(rand.NewPCG(seed, seed>>32|1)),
+		cells:    lctx.Cells(),
 		seqCells: lctx.SeqCells(),
+		share:    lctx.Cells() / cfg.Sequences,
 		wake:     make(chan struct{}, 1),
 	}
 	for i := range cfg.Sequences {

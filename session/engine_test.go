@@ -485,3 +485,80 @@ func TestLogprobs(t *testing.T) {
 		t.Error("logprobs computed for a request that did not ask")
 	}
 }
+
+// A request that asks for the whole context does not hold the pool: small requests that
+// arrive after it are admitted and served while it runs.
+func TestLargeRequestDoesNotBlock(t *testing.T) {
+	e := startEngine(t, func(c *Config) { c.QueueTimeout = 20 * time.Second })
+	big, err := e.Submit(t.Context(), greedy("big", "once upon a time", e.SeqCells()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	poll.Until(t, 10*time.Second, "the large request admitted", func() bool { _, _, ok := big.Admitted(); return ok })
+	type answer struct {
+		res Result
+		err error
+	}
+	small := make(chan answer, 6)
+	for i := range cap(small) {
+		s, err := e.Submit(t.Context(), greedy(fmt.Sprint("small-", i), "the sky is", 8))
+		if err != nil {
+			t.Fatalf("small request %d refused: %v", i, err)
+		}
+		go func() {
+			_, res, err := s.Collect()
+			small <- answer{res, err}
+		}()
+	}
+	for range cap(small) {
+		a := <-small
+		if a.err != nil || a.res.CompletionTokens == 0 {
+			t.Fatalf("small request: %v, %d tokens", a.err, a.res.CompletionTokens)
+		}
+	}
+	big.mu.Lock()
+	ended, res := big.done, big.res
+	big.mu.Unlock()
+	if ended {
+		t.Fatalf("the large request ended (%s after %d tokens) before the small ones were served: they waited for it",
+			res.FinishReason, res.CompletionTokens)
+	}
+	if _, res, err := big.Collect(); err != nil || res.CompletionTokens == 0 {
+		t.Errorf("large request: %v after %d tokens", err, res.CompletionTokens)
+	}
+}
+
+// Requests that together outgrow the pool do not fail decoding: while one can grow it
+// does, and when every running request waits for cells the one holding most ends cleanly
+// with "length".
+func TestPoolExhaustedEndsCleanly(t *testing.T) {
+	e := startEngine(t, func(c *Config) { c.Cells, c.Sequences = 1024, 4 })
+	var wg sync.WaitGroup
+	results := make([]Result, 2)
+	for i := range results {
+		s, err := e.Submit(t.Context(), greedy(fmt.Sprint("long-", i), "once upon a time", 1000))
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Go(func() {
+			_, res, err := s.Collect()
+			if err != nil {
+				t.Errorf("request %d: %v", i, err)
+			}
+			results[i] = res
+		})
+	}
+	wg.Wait()
+	short, whole := 0, 0
+	for _, r := range results {
+		switch {
+		case r.FinishReason == "length" && r.CompletionTokens < 1000:
+			short++
+		case r.CompletionTokens == 1000:
+			whole++
+		}
+	}
+	if short != 1 || whole != 1 {
+		t.Errorf("results %+v: want one ended early and the other whole after it freed its cells", results)
+	}
+}

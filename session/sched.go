@@ -13,23 +13,31 @@ import (
 // This file is the engine goroutine's scheduling: admission, the step, and the end of a
 // request. Nothing here may block.
 
-// admit moves queued requests into sequence slots, oldest first, until one does not fit.
+// admit moves queued requests into sequence slots, oldest first. One that does not fit lets
+// younger ones pass until it has waited a quarter of the queue timeout; then nothing passes
+// it, and running requests drain until it fits. Nothing is admitted while a running
+// request waits for cells to grow into: work already started comes first.
 func (e *Engine) admit(stats *Stats) {
-	for {
-		e.mu.Lock()
-		if len(e.waiting) == 0 {
-			e.mu.Unlock()
-			return
-		}
-		j := e.waiting[0]
+	if e.stalled > 0 {
+		return
+	}
+	now := time.Now()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for i := 0; i < len(e.waiting); {
+		j := e.waiting[i]
 		p, ok := e.place(j)
 		if !ok {
-			e.mu.Unlock()
-			return
+			if now.Sub(j.submitted) >= e.cfg.QueueTimeout/4 {
+				return
+			}
+			i++
+			continue
 		}
-		e.waiting = e.waiting[1:]
+		e.waiting = slices.Delete(e.waiting, i, i+1)
 		e.mu.Unlock()
 		e.start(j, p, stats)
+		e.mu.Lock()
 	}
 }
 
@@ -43,8 +51,8 @@ type placement struct {
 
 // place finds room for j without changing anything. Preference: the conversation's own
 // idle slot, then an empty slot, then the least recently used idle one. With a unified KV
-// pool it also checks cells: every running request holds its reservation (prompt plus
-// token limit), idle conversations hold their tokens and are evicted LRU-first as needed.
+// pool it also checks cells: every running request holds its claim, idle conversations
+// hold their tokens and are evicted LRU-first as needed to make room for j's first claim.
 func (e *Engine) place(j *job) (placement, bool) {
 	var p placement
 	key := j.req.SessionID
@@ -75,19 +83,11 @@ func (e *Engine) place(j *job) (placement, bool) {
 		p.reuse = min(p.reuse, len(j.prompt)-1)
 	}
 	if !e.cfg.UnifiedKV {
-		return p, true // each sequence has its own partition, and reserve fits it
+		return p, true // each sequence has its own partition, and max tokens fits it
 	}
-	used := 0
-	for _, s := range e.slots {
-		switch {
-		case s.job != nil:
-			used += s.job.reserve()
-		case s != p.slot:
-			used += len(s.tokens)
-		}
-	}
+	used := e.claimed() - len(p.slot.tokens)
 	exclude := []*slot{p.slot}
-	for used+j.reserve() > e.cfg.Cells {
+	for used+e.firstClaim(j) > e.cells {
 		victim := e.lru(exclude)
 		if victim == nil {
 			return p, false
@@ -97,6 +97,50 @@ func (e *Engine) place(j *job) (placement, bool) {
 		p.evict = append(p.evict, victim)
 	}
 	return p, true
+}
+
+// firstClaim is the cells a request claims at admission: its prompt and a share of the
+// pool for what it generates (all of its token limit when that is smaller), so that no
+// request holds the pool up front however many tokens it asks for.
+func (e *Engine) firstClaim(j *job) int { return len(j.prompt) + min(j.maxTokens, e.share) }
+
+// claimed is the cells a unified pool has promised: running requests' claims and idle
+// conversations' tokens.
+func (e *Engine) claimed() int {
+	n := 0
+	for _, s := range e.slots {
+		if s.job != nil {
+			n += s.job.claim
+		} else {
+			n += len(s.tokens)
+		}
+	}
+	return n
+}
+
+// room makes sure j's next token has a cell within its claim. A used-up claim grows by up
+// to a share: from unclaimed cells, else by evicting idle conversations. room reports false
+// when the pool has no cell to spare now; j then waits for others to finish (see step).
+func (e *Engine) room(j *job, stats *Stats) bool {
+	if !e.cfg.UnifiedKV || len(j.slot.tokens) < j.claim {
+		return true
+	}
+	want := min(e.share, len(j.prompt)+j.maxTokens-j.claim)
+	free := e.cells - e.claimed()
+	for free < want {
+		victim := e.lru(nil)
+		if victim == nil {
+			break
+		}
+		free += len(victim.tokens)
+		e.drop(victim)
+		stats.Evictions++
+	}
+	if free <= 0 {
+		return false
+	}
+	j.claim += min(want, free)
+	return true
 }
 
 // lru is the least recently used idle slot holding tokens, not among exclude.
@@ -155,7 +199,7 @@ func (e *Engine) start(j *job, p placement, stats *Stats) {
 	for _, tok := range j.prompt[max(0, len(j.prompt)-lastN):] {
 		j.sampler.Accept(tok)
 	}
-	j.slot, j.cached, j.pending = s, p.reuse, j.prompt[p.reuse:]
+	j.slot, j.cached, j.pending, j.claim = s, p.reuse, j.prompt[p.reuse:], e.firstClaim(j)
 	j.filter = newTextFilter(j.req.Stop)
 	j.admitted = time.Now()
 	j.stream.admit(len(j.prompt), p.reuse)
@@ -179,15 +223,22 @@ func (e *Engine) step(stats *Stats) {
 	b := e.batch
 	b.Clear()
 	decoding := 0
+	var stalled []*job
 	for _, j := range e.jobs {
 		j.logitIdx, j.fed = -1, 0
-		if j.gen > 0 {
-			j.logitIdx = b.Add(j.pending[0], len(j.slot.tokens), j.slot.seq, true)
-			j.fed = 1
-			decoding++
+		if j.gen == 0 {
+			continue
 		}
+		if !e.room(j, stats) {
+			stalled = append(stalled, j)
+			continue
+		}
+		j.logitIdx = b.Add(j.pending[0], len(j.slot.tokens), j.slot.seq, true)
+		j.fed = 1
+		decoding++
 	}
 	stats.MaxDecoding = max(stats.MaxDecoding, decoding)
+	e.stalled = len(stalled)
 	for _, j := range e.jobs {
 		if j.gen > 0 || b.Len() == b.Cap() {
 			continue
@@ -200,6 +251,15 @@ func (e *Engine) step(stats *Stats) {
 			}
 		}
 		j.fed = n
+	}
+	if b.Len() == 0 && len(stalled) > 0 {
+		// Every running request waits for cells the others hold: end the one holding most,
+		// cleanly, at the length it reached.
+		j := slices.MaxFunc(stalled, func(a, b *job) int { return a.claim - b.claim })
+		e.log.Warn("KV pool exhausted: request ended early", "session", j.req.SessionID, "tokens", j.gen, "max_tokens", j.maxTokens)
+		e.finish(j, "length", nil)
+		e.stalled--
+		return
 	}
 
 	start := time.Now()
@@ -371,7 +431,7 @@ func (e *Engine) logprob(l llama.Logits, tok int32, top int) TokenLogprob {
 // publishStats stores a snapshot of the counters and the slots' state for Stats.
 func (e *Engine) publishStats(counters *Stats) {
 	s := *counters
-	s.Sequences, s.KVCells, s.Running = len(e.slots), e.cfg.Cells, len(e.jobs)
+	s.Sequences, s.KVCells, s.Running = len(e.slots), e.cells, len(e.jobs)
 	if e.lctx != nil {
 		for _, sl := range e.slots {
 			s.KVUsed += e.lctx.SeqPosMax(sl.seq) + 1

@@ -20,14 +20,14 @@ type slotSpec struct {
 }
 
 func testEngine(cells int, unified bool, specs ...slotSpec) *Engine {
-	e := &Engine{cfg: Config{Cells: cells, UnifiedKV: unified}}
+	e := &Engine{cfg: Config{Cells: cells, UnifiedKV: unified}, cells: cells, share: cells}
 	for i, sp := range specs {
 		s := &slot{seq: i, key: sp.key, tokens: make([]int32, sp.tokens), lastUsed: sp.used}
 		for k := range s.tokens {
 			s.tokens[k] = int32(k)
 		}
 		if sp.running > 0 {
-			s.job = &job{prompt: make([]int32, sp.running)}
+			s.job = &job{prompt: make([]int32, sp.running), claim: sp.running}
 		}
 		e.slots = append(e.slots, s)
 	}
