@@ -69,6 +69,7 @@ type fakeNode struct {
 	url    string
 	router *routing.Router
 	engine *fakeEngine
+	server *Server
 }
 
 // testSecret is the hop key of fake clusters.
@@ -118,7 +119,7 @@ func startFakeCluster(t testing.TB, n int, secret []byte) []fakeNode {
 		if seed == "" {
 			seed = g.Addr()
 		}
-		nodes = append(nodes, fakeNode{url: "http://" + ln.Addr().String(), router: router, engine: engine})
+		nodes = append(nodes, fakeNode{url: "http://" + ln.Addr().String(), router: router, engine: engine, server: srv})
 	}
 	for _, nd := range nodes {
 		poll.Until(t, 20*time.Second, "fake cluster converged", func() bool {
@@ -295,6 +296,33 @@ func TestHopAuthentication(t *testing.T) {
 }
 
 // TestStandaloneHasNoHop: a node outside a cluster has no hop endpoint at all.
+// A draining node passes what still reaches it to the next owner instead of refusing it,
+// and tells load balancers it is not ready.
+func TestDrainingNodeHandsOff(t *testing.T) {
+	nodes := startFakeCluster(t, 3, testSecret)
+	sids := ownedBy(t, nodes[0], "n1", 3)
+	served := nodes[0].engine.served.Load()
+	nodes[0].server.drain()
+	for _, sid := range sids {
+		resp := postJSON(t, nodes[0].url+"/v1/completions", `{"prompt":"hello","max_tokens":1}`, "X-Session-ID", sid)
+		resp.Body.Close()
+		if node := resp.Header.Get(routing.NodeHeader); resp.StatusCode != 200 || node == "n1" || node == "" {
+			t.Errorf("draining owner answered %d, served by %q; want 200 from another owner", resp.StatusCode, node)
+		}
+	}
+	if got := nodes[0].engine.served.Load(); got != served {
+		t.Errorf("the draining node's engine served %d more requests", got-served)
+	}
+	resp, err := http.Get(nodes[0].url + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("readyz while draining = %d, want 503", resp.StatusCode)
+	}
+}
+
 func TestStandaloneHasNoHop(t *testing.T) {
 	url, _ := startStandalone(t, &fakeEngine{n: 1}, nil)
 	status, _ := hop{from: "x", to: "y", body: `{"prompt":"hi"}`}.send(t, url)

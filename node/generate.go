@@ -158,9 +158,19 @@ func (s *Server) check(model string, req infer.Request) error {
 // generate runs c through submit and answers, streaming or not. The request is canceled
 // when its client disconnects, falls behind, or the deadline passes.
 func (s *Server) generate(ctx *fasthttp.RequestCtx, c *completion, submit submitFunc) {
-	if ok, _ := s.ready(); !ok || !s.begin() {
+	if ok, _ := s.ready(); !ok {
 		writeError(ctx, errNotReady)
 		return
+	}
+	if s.begin() {
+		// Draining: a peer's hop is refused as busy (its entry node tries the next owner);
+		// a client's request goes to the next owner from here, never to this engine.
+		if c.internal || s.router == nil {
+			s.end()
+			writeError(ctx, errNotReady)
+			return
+		}
+		submit = s.router.Handoff
 	}
 	select {
 	case s.slots <- struct{}{}:
@@ -188,6 +198,10 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, c *completion, submit submit
 		writeError(ctx, err)
 		return
 	}
+	if c.internal {
+		s.answerHop(ctx, st, cancel, done)
+		return
+	}
 	if !c.stream {
 		defer done()
 		text, res, err := s.collect(st, c)
@@ -213,11 +227,37 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, c *completion, submit submit
 	}
 	s.metrics.ttft.WithLabelValues(c.endpoint).Observe(time.Since(c.start).Seconds())
 	s.setGenerationHeaders(ctx, st)
-	ctx.SetStatusCode(fasthttp.StatusOK)
-	ctx.SetContentType("text/event-stream")
-	if c.internal {
-		ctx.SetContentType("application/x-ndjson")
+	s.streamBody(ctx, "text/event-stream", true, cancel, done, func(sse *sseWriter) error {
+		return s.stream(sse, st, c, first, err)
+	})
+}
+
+// answerHop answers a peer's forwarded request in the hop's format. Its headers go with
+// the first token, or once the owner's keep-alive interval has passed without one (the
+// entry node then knows the owner is working); keep-alive lines follow until the first
+// token. A refusal before that (overloaded, not ready) keeps its status, so the entry node
+// can try the next owner.
+func (s *Server) answerHop(ctx *fasthttp.RequestCtx, st infer.Stream, cancel context.CancelCauseFunc, done func()) {
+	keepAlive := s.router.KeepAlive()
+	a := routing.NewAnswer(st)
+	if err := a.Wait(keepAlive); err != nil {
+		a.Close()
+		done()
+		writeError(ctx, err)
+		return
 	}
+	s.setGenerationHeaders(ctx, st)
+	s.streamBody(ctx, "application/x-ndjson", false, cancel, done, func(w *sseWriter) error {
+		return a.Write(w.data, keepAlive, hopError)
+	})
+}
+
+// streamBody commits a 200 streaming response and writes its body with write, as server
+// events or as JSON lines. A failed write cancels the request: the reader is gone or too
+// slow.
+func (s *Server) streamBody(ctx *fasthttp.RequestCtx, contentType string, sse bool, cancel context.CancelCauseFunc, done func(), write func(*sseWriter) error) {
+	ctx.SetStatusCode(fasthttp.StatusOK)
+	ctx.SetContentType(contentType)
 	ctx.Response.Header.Set("Cache-Control", "no-cache")
 	conn := ctx.Conn()
 	if tc, ok := conn.(interface{ SetWriteBuffer(int) error }); ok {
@@ -225,20 +265,13 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, c *completion, submit submit
 	}
 	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
 		defer done()
-		sse := &sseWriter{w: w, conn: conn, timeout: s.cfg.WriteTimeout, sse: !c.internal}
-		var werr error
-		if c.internal {
-			werr = routing.WriteAnswer(sse.data, st, first, err, hopError)
-		} else {
-			werr = s.stream(sse, st, c, first, err)
-		}
-		if err := werr; err != nil {
+		if err := write(&sseWriter{w: w, conn: conn, timeout: s.cfg.WriteTimeout, sse: sse}); err != nil {
 			if errors.Is(err, errWriteTimeout) {
 				cancel(errWriteTimeout)
 			} else {
 				cancel(errClientGone)
 			}
-			s.log.Debug("stream cut", "id", c.id, "err", err)
+			s.log.Debug("stream cut", "err", err)
 		}
 	})
 }

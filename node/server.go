@@ -142,15 +142,19 @@ func (s *Server) Run(ctx context.Context) error {
 	return nil
 }
 
-// begin admits a generation unless the server is draining; end must follow.
-func (s *Server) begin() bool {
+// begin counts a generation in flight (end must follow) and reports whether the server
+// is draining.
+func (s *Server) begin() (draining bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.draining {
-		return false
-	}
 	s.active++
-	return true
+	return s.draining
+}
+
+func (s *Server) isDraining() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.draining
 }
 
 func (s *Server) end() {
@@ -265,7 +269,11 @@ func (s *Server) ready() (bool, string) {
 }
 
 func (s *Server) handleReady(ctx *fasthttp.RequestCtx) {
-	if ok, why := s.ready(); !ok {
+	ok, why := s.ready()
+	if ok && s.isDraining() {
+		ok, why = false, "draining: finishing the requests in flight before exiting"
+	}
+	if !ok {
 		ctx.Response.Header.Set("Retry-After", "2")
 		writeJSON(ctx, fasthttp.StatusServiceUnavailable, map[string]any{"ready": false, "reason": why})
 		return

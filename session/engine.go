@@ -174,6 +174,12 @@ func (e *Engine) Submit(ctx context.Context, req Request) (*Stream, error) {
 	if err := req.Validate(); err != nil {
 		return nil, err
 	}
+	e.mu.Lock()
+	full := len(e.waiting) >= e.cfg.MaxQueue
+	e.mu.Unlock()
+	if full { // refuse before tokenizing: under overload, refusals must cost next to nothing
+		return nil, e.refuse()
+	}
 	prompt, err := e.tokenize(req.Prompt)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
@@ -194,10 +200,8 @@ func (e *Engine) Submit(ctx context.Context, req Request) (*Stream, error) {
 		e.mu.Unlock()
 		return nil, ErrClosed
 	case len(e.waiting) >= e.cfg.MaxQueue:
-		e.refused++
-		err := e.overloaded("queue full")
 		e.mu.Unlock()
-		return nil, err
+		return nil, e.refuse()
 	}
 	e.waiting = append(e.waiting, j)
 	e.mu.Unlock()
@@ -324,6 +328,14 @@ func (e *Engine) expire(stats *Stats) {
 		e.log.Warn("request refused", "reason", "queue timeout", "waited", now.Sub(j.submitted))
 		e.finish(j, "", refusal)
 	}
+}
+
+// refuse counts a request refused for a full queue and says when to retry.
+func (e *Engine) refuse() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.refused++
+	return e.overloaded("queue full")
 }
 
 // drainWindow is how many recent completions estimate the rate the queue drains at.

@@ -87,6 +87,14 @@ type Scenario struct {
 	// MaxNearTies is the largest share of compared answers that may differ from the
 	// reference at a proven near-tie (see nearTie).
 	MaxNearTies float64
+	// NoResumes: the faults are graceful (a leave, a join, overload), so no answer may
+	// have moved mid-stream.
+	NoResumes bool
+	// Args are extra flags for every node of this scenario.
+	Args []string
+	// Overload, when set, makes the workload a burst beyond the cluster's capacity and
+	// adds its invariants (see overload.go).
+	Overload *Overload
 }
 
 // Applied is a fault as it happened.
@@ -119,29 +127,30 @@ type Check struct {
 
 // Report is a scenario's outcome.
 type Report struct {
-	Scenario    string        `json:"scenario"`
-	Doc         string        `json:"doc"`
-	Nodes       int           `json:"nodes"`
-	Seed        uint64        `json:"seed"`
-	MaxTokens   int           `json:"max_tokens"`
-	Started     time.Time     `json:"started"`
-	Took        time.Duration `json:"took_ns"`
-	Faults      []Applied     `json:"faults"`
-	Sent        int           `json:"sent"`
-	Completed   int           `json:"completed"`
-	Resumed     int           `json:"resumed"`
-	Failed      int           `json:"failed"`
-	Hung        int           `json:"hung"`
-	Compared    int           `json:"compared_with_reference"`
-	NearTies    int           `json:"near_ties"`
-	Detections  int           `json:"detections_checked"`
-	Affinity    int           `json:"affinity_checked"`
-	AffinityBad int           `json:"affinity_violations"`
-	Converge    time.Duration `json:"converge_after_heal_ns"`
-	Windows     []Window      `json:"windows"`
-	Rings       []RingSample  `json:"rings"`
-	Checks      []Check       `json:"checks"`
-	Records     []Record      `json:"records"`
+	Scenario    string          `json:"scenario"`
+	Doc         string          `json:"doc"`
+	Nodes       int             `json:"nodes"`
+	Seed        uint64          `json:"seed"`
+	MaxTokens   int             `json:"max_tokens"`
+	Started     time.Time       `json:"started"`
+	Took        time.Duration   `json:"took_ns"`
+	Faults      []Applied       `json:"faults"`
+	Sent        int             `json:"sent"`
+	Completed   int             `json:"completed"`
+	Resumed     int             `json:"resumed"`
+	Failed      int             `json:"failed"`
+	Hung        int             `json:"hung"`
+	Compared    int             `json:"compared_with_reference"`
+	NearTies    int             `json:"near_ties"`
+	Detections  int             `json:"detections_checked"`
+	Affinity    int             `json:"affinity_checked"`
+	AffinityBad int             `json:"affinity_violations"`
+	Converge    time.Duration   `json:"converge_after_heal_ns"`
+	Windows     []Window        `json:"windows"`
+	Rings       []RingSample    `json:"rings"`
+	Checks      []Check         `json:"checks"`
+	Overload    *OverloadReport `json:"overload,omitempty"`
+	Records     []Record        `json:"records"`
 }
 
 // Window is a span in which a node was faulted: from the fault until its healing was seen
@@ -176,6 +185,7 @@ func RunScenario(ctx context.Context, cfg Config, s Scenario) (*Report, error) {
 	}
 	rep := &Report{Scenario: s.Name, Doc: s.Doc, Nodes: s.Nodes, Seed: s.Workload.Seed, MaxTokens: s.Workload.MaxTokens, Started: time.Now()}
 	cfg.Nodes = s.Nodes
+	cfg.Args = append(slices.Clone(cfg.Args), s.Args...)
 	if s.Netns {
 		hosts := s.Nodes + countJoins(s.Faults)
 		topo, err := netem.New("infch", hosts)
@@ -192,6 +202,9 @@ func RunScenario(ctx context.Context, cfg Config, s Scenario) (*Report, error) {
 	defer c.Close()
 	if _, err := c.WaitRings(ctx, c.IDs(), 30*time.Second); err != nil {
 		return nil, err
+	}
+	if s.Overload != nil {
+		rep.Overload = c.calibrate(ctx, *s.Overload)
 	}
 	baseline := c.baselines(ctx, c.Nodes...)
 
@@ -242,7 +255,7 @@ func RunScenario(ctx context.Context, cfg Config, s Scenario) (*Report, error) {
 	sampling := make(chan struct{})
 	var sampled sync.WaitGroup
 	sampled.Go(func() { rep.Rings = c.sampleRings(ctx, sampling) })
-	rep.Records = c.RunWorkload(ctx, s.Workload, c.running)
+	rep.Records = c.RunWorkload(ctx, s.Workload, c.serving)
 	<-faultsDone
 	measures.Wait()
 	close(sampling)
@@ -260,6 +273,9 @@ func RunScenario(ctx context.Context, cfg Config, s Scenario) (*Report, error) {
 	c.checkDetection(rep)
 	c.checkRecords(rep, s)
 	c.checkAffinity(rep, s)
+	if s.Overload != nil {
+		checkOverload(rep, s)
+	}
 	c.checkIdle(ctx, rep, baseline, c.running())
 	c.checkAnswers(ctx, rep, cfg, s)
 	rep.Took = time.Since(rep.Started)
@@ -313,6 +329,17 @@ func (c *Cluster) running() []*Node {
 	return out
 }
 
+// serving are the nodes that take new requests (see Node.Serving).
+func (c *Cluster) serving() []*Node {
+	var out []*Node
+	for _, n := range c.Nodes {
+		if n.Serving() {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
 // sampleRings records every running node's ring size four times a second until stop.
 func (c *Cluster) sampleRings(ctx context.Context, stop <-chan struct{}) []RingSample {
 	var out []RingSample
@@ -320,9 +347,17 @@ func (c *Cluster) sampleRings(ctx context.Context, stop <-chan struct{}) []RingS
 	defer tick.Stop()
 	for {
 		for _, n := range c.running() {
-			if ring, err := c.Ring(n); err == nil {
-				out = append(out, RingSample{Node: n.ID, Time: time.Now(), Size: len(ring)})
+			v, err := c.View(n)
+			if err != nil || len(v.Members) == 0 {
+				continue
 			}
+			rs := RingSample{Node: n.ID, Time: time.Now(), Running: v.Members[0].Load["running"], Waiting: v.Members[0].Load["waiting"]}
+			for _, m := range v.Members {
+				if m.OnRing {
+					rs.Size++
+				}
+			}
+			out = append(out, rs)
 		}
 		select {
 		case <-stop:
@@ -559,8 +594,8 @@ func (c *Cluster) checkRecords(rep *Report, s Scenario) {
 		Check{Name: "no request hangs", Pass: rep.Hung == 0, Detail: fmt.Sprintf("%d of %d requests outlived the deadline", rep.Hung, rep.Sent)},
 		Check{Name: "every failure is explained and within the ceiling", Pass: len(unexplained) == 0 && rep.Failed <= s.MaxFailures,
 			Detail: fmt.Sprintf("%d failed (ceiling %d), %d unexplained: %v", rep.Failed, s.MaxFailures, len(unexplained), firstN(unexplained, 5))},
-		Check{Name: "enough answers resumed mid-stream", Pass: rep.Resumed >= s.MinResumes,
-			Detail: fmt.Sprintf("%d resumed (minimum %d)", rep.Resumed, s.MinResumes)},
+		Check{Name: "enough answers resumed mid-stream", Pass: rep.Resumed >= s.MinResumes && (!s.NoResumes || rep.Resumed == 0),
+			Detail: fmt.Sprintf("%d resumed (minimum %d, none allowed: %v)", rep.Resumed, s.MinResumes, s.NoResumes)},
 		Check{Name: "every answer took at most one hop", Pass: len(hops) == 0,
 			Detail: fmt.Sprintf("%d answers checked; bad: %v", rep.Completed, firstN(hops, 5))})
 }
@@ -569,6 +604,11 @@ func (c *Cluster) checkRecords(rep *Report, s Scenario) {
 // fault or healing in progress, so every ring was the same) and whose owner was untouched
 // keeps one serving node. Faults move conversations only while rings change.
 func (c *Cluster) checkAffinity(rep *Report, s Scenario) {
+	if s.Overload != nil {
+		rep.Checks = append(rep.Checks, Check{Name: "conversations keep their owner while the rings are settled", Pass: true,
+			Detail: "not checked: under overload a busy owner's turns spill to the next owners, by design"})
+		return
+	}
 	// Spans in which rings may disagree or change: from each fault until every ring agreed
 	// (or, for faults the rings do not see, until their healing was seen).
 	var unsettled [][2]time.Time
@@ -698,10 +738,12 @@ func (c *Cluster) checkIdle(ctx context.Context, rep *Report, baseline map[strin
 // token's logits with different kernels and summation orders when it is prefilled in a
 // batch, decoded one at a time, or decoded beside other sequences, and the differences grow
 // through the layers and the sequence. Over about 1,200 answers of the short and long
-// suites on stories260K, the flips had gaps from 0.00001 to 0.082 (docs/CHAOS.md); a real
-// fault (a lost, repeated or garbled token) leaves a gap of a whole token's worth,
-// typically well over 0.5.
-const nearTie = 0.1
+// suites on stories260K, the flips had gaps from 0.00001 to 0.082 (docs/CHAOS.md); with
+// eight sequences decoding at once (the overload scenario) one flip with a gap of 0.224
+// recurred, in runs of the binary before and after the overload work alike. A real fault
+// (a lost, repeated or garbled token) leaves a gap of a whole token's worth, typically
+// well over 0.5.
+const nearTie = 0.25
 
 // seamSlack: a difference this close to where a resumed answer moved owners is blamed on
 // the move (lost or repeated text), never on a near-tie.
@@ -894,6 +936,10 @@ func (r *Report) Summary(w io.Writer) {
 	fmt.Fprintf(w, "scenario %s (%d nodes, seed %d): %s in %v\n", r.Scenario, r.Nodes, r.Seed, verdict, r.Took.Round(time.Millisecond))
 	fmt.Fprintf(w, "  requests: %d sent, %d completed, %d resumed, %d failed, %d hung; %d answers compared with the reference (%d at near-ties); %d detections and %d conversations' affinity checked (%d moved); rings converged %v after the last heal\n",
 		r.Sent, r.Completed, r.Resumed, r.Failed, r.Hung, r.Compared, r.NearTies, r.Detections, r.Affinity, r.AffinityBad, r.Converge.Round(time.Millisecond))
+	if o := r.Overload; o != nil {
+		fmt.Fprintf(w, "  overload: goodput %.0f tokens/s under the burst, %.0f unloaded (%.0f%%); %d refused, p99 time to a refusal %v\n",
+			o.Goodput, o.Capacity, 100*o.Goodput/max(o.Capacity, 1e-9), o.Refused, o.RefusalP99.Round(time.Millisecond))
+	}
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 	for _, a := range r.Faults {
 		det := "-"

@@ -62,10 +62,11 @@ type Node struct {
 	cfg        *Config
 	standalone bool // not a cluster member: reports no gossip address
 
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{}
-	err  error
+	mu      sync.Mutex
+	cmd     *exec.Cmd
+	done    chan struct{}
+	err     error
+	leaving bool // sent SIGTERM: draining, not an entry for new requests
 }
 
 // Start launches the cluster: the first node, then the others joining it.
@@ -160,7 +161,7 @@ func (n *Node) start(ctx context.Context) error {
 	}
 	done := make(chan struct{})
 	n.mu.Lock()
-	n.cmd, n.done = cmd, done
+	n.cmd, n.done, n.leaving = cmd, done, false
 	n.mu.Unlock()
 	addrs := make(chan [2]string, 2)
 	go func() {
@@ -243,7 +244,17 @@ func (n *Node) signal(sig syscall.Signal) error {
 	if n.cmd == nil || n.cmd.Process == nil {
 		return errors.New("not started")
 	}
+	n.leaving = n.leaving || sig == syscall.SIGTERM
 	return n.cmd.Process.Signal(sig)
+}
+
+// Serving reports whether the node takes new requests: running, and not told to leave. A
+// client's load balancer stops sending to a node once it drains (its /readyz says so).
+func (n *Node) Serving() bool {
+	n.mu.Lock()
+	leaving := n.leaving
+	n.mu.Unlock()
+	return !leaving && n.Running()
 }
 
 // Kill sends SIGKILL and waits for the process to exit.
@@ -324,15 +335,16 @@ type ClusterView struct {
 
 // MemberView is one member of a ClusterView.
 type MemberView struct {
-	ID          string  `json:"id"`
-	HTTPAddr    string  `json:"http_addr"`
-	Fingerprint string  `json:"fingerprint"`
-	State       string  `json:"state"`
-	Healthy     bool    `json:"healthy"`
-	Ready       bool    `json:"ready"`
-	Compatible  bool    `json:"compatible"`
-	OnRing      bool    `json:"on_ring"`
-	RingShare   float64 `json:"ring_share"`
+	ID          string         `json:"id"`
+	HTTPAddr    string         `json:"http_addr"`
+	Fingerprint string         `json:"fingerprint"`
+	State       string         `json:"state"`
+	Healthy     bool           `json:"healthy"`
+	Ready       bool           `json:"ready"`
+	Compatible  bool           `json:"compatible"`
+	OnRing      bool           `json:"on_ring"`
+	RingShare   float64        `json:"ring_share"`
+	Load        map[string]int `json:"load"` // running, waiting, free_kv
 }
 
 // View asks a node for its view of the cluster.

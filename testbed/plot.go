@@ -16,9 +16,11 @@ import (
 
 // RingSample is one node's ring size at one moment of a run.
 type RingSample struct {
-	Node string    `json:"node"`
-	Time time.Time `json:"time"`
-	Size int       `json:"size"`
+	Node    string    `json:"node"`
+	Time    time.Time `json:"time"`
+	Size    int       `json:"size"`
+	Running int       `json:"running"` // the node's own requests running and waiting then
+	Waiting int       `json:"waiting"`
 }
 
 // Outcome colours, as Jepsen's timelines: what happened to each request at a glance.

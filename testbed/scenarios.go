@@ -1,6 +1,9 @@
 package testbed
 
-import "time"
+import (
+	"fmt"
+	"time"
+)
 
 // shortLoad is two-turn conversations with answers long enough (200 tokens) that a fault
 // aimed at an owner lands mid-stream, short enough that a conversation stays within the
@@ -26,9 +29,10 @@ func ShortSuite(seed uint64) []Scenario {
 			Doc: "SIGSTOP the owner of streams in flight (alive but silent) for 3.5s, then SIGCONT",
 			Faults: []Fault{{At: 1500 * time.Millisecond, Kind: "pause", Node: Busiest},
 				{At: 5 * time.Second, Kind: "resume", Node: Busiest}}},
-		{Name: "leave-join", Nodes: 3, Workload: shortLoad(seed), MaxFailures: 12, MinAffinity: 3, MaxNearTies: 0.25,
-			Doc:    "a node leaves gracefully (SIGTERM), then a new node joins mid-run",
+		{Name: "leave-join", Nodes: 3, Workload: shortLoad(seed), MaxFailures: 0, NoResumes: true, MinAffinity: 3, MaxNearTies: 0.25,
+			Doc:    "a node leaves gracefully (SIGTERM), then a new node joins mid-run: nothing fails, nothing resumes",
 			Faults: []Fault{{At: 1500 * time.Millisecond, Kind: "leave", Node: 1}, {At: 3500 * time.Millisecond, Kind: "join"}}},
+		overload(seed),
 		{Name: "partition-heal", Nodes: 3, Netns: true, Workload: shortLoad(seed), MaxFailures: 8, MinResumes: 1, MinAffinity: 3, MaxNearTies: 0.25,
 			Doc: "cut the owner of streams in flight off from the others (namespaces, nftables), heal after 3s",
 			Faults: []Fault{{At: 1500 * time.Millisecond, Kind: "isolate", Node: Busiest},
@@ -39,6 +43,22 @@ func ShortSuite(seed uint64) []Scenario {
 			Doc:    "20% packet loss on one node's traffic to its peers for 3s",
 			Faults: []Fault{{At: time.Second, Kind: "loss", Node: 1, Amount: 20}, {At: 4 * time.Second, Kind: "heal", Node: 1}}},
 	}
+}
+
+// overload is a burst of four times the clients the cluster's sequences can serve at once
+// (twice what they can serve and queue) for 10s, each client honoring Retry-After. The
+// baseline before it keeps every sequence busy without queueing.
+func overload(seed uint64) Scenario {
+	const nodes, sequences, queue = 3, 8, 8
+	burst := shortLoad(seed)
+	burst.Concurrency, burst.Duration, burst.MaxTokens, burst.HonorRetry = 4*nodes*sequences, 10*time.Second, 100, true
+	base := burst
+	base.Concurrency, base.Seed = nodes*sequences, seed+1
+	return Scenario{Name: "overload", Nodes: nodes, Workload: burst, MaxFailures: 1 << 30, NoResumes: true, MaxNearTies: 0.25,
+		Doc: fmt.Sprintf("a burst of %d clients (4x the sequences of %d nodes, each queueing %d) for 10s: refused with Retry-After, never taken for dead",
+			burst.Concurrency, nodes, queue),
+		Args:     []string{"--sequences", fmt.Sprint(sequences), "--max-queue", fmt.Sprint(queue)},
+		Overload: &Overload{Baseline: base, MinGoodput: 0.9}}
 }
 
 // LongSuite is make chaos: 5 nodes in namespaces, every fault type, overlapping, with

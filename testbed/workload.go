@@ -31,6 +31,9 @@ type Workload struct {
 	StreamShare   float64       // fraction of turns streamed
 	Timeout       time.Duration // a request still open after this is counted as hung
 	Seed          uint64        // seeds entry-node choice and streaming; logged in the report
+	// HonorRetry makes a client refused with Retry-After wait that long before its next
+	// request, as OpenAI's client libraries do.
+	HonorRetry bool
 }
 
 // Record is one request as the client saw it.
@@ -45,7 +48,8 @@ type Record struct {
 	Error    string        `json:"error,omitempty"`
 	Code     string        `json:"code,omitempty"`        // the OpenAI error code of an http_error
 	Retry    bool          `json:"retry_after,omitempty"` // the refusal carried Retry-After
-	Hops     int           `json:"hops"`                  // forwards behind the answer; -1 when not reported
+	wait     time.Duration // what Retry-After said
+	Hops     int           `json:"hops"` // forwards behind the answer; -1 when not reported
 	Start    time.Time     `json:"start"`
 	End      time.Time     `json:"end"`
 	TTFT     time.Duration `json:"ttft_ns"`
@@ -119,6 +123,12 @@ func (c *Cluster) RunWorkload(ctx context.Context, w Workload, entries func() []
 					out = append(out, r)
 					mu.Unlock()
 					if r.Kind != "ok" {
+						if w.HonorRetry && r.wait > 0 {
+							select {
+							case <-ctx.Done():
+							case <-time.After(min(r.wait, time.Until(start.Add(w.Duration)))):
+							}
+						}
 						break
 					}
 					msgs = append(msgs[:len(msgs):len(msgs)], message{"assistant", r.Text}, message{"user", fmt.Sprint("go on ", turn)})
@@ -159,6 +169,9 @@ func request(ctx context.Context, client *http.Client, entry *Node, msgs []messa
 		}
 		json.Unmarshal(b, &e)
 		r.Code, r.Retry = e.Error.Code, resp.Header.Get("Retry-After") != ""
+		if secs, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil {
+			r.wait = time.Duration(secs) * time.Second
+		}
 		return r
 	}
 	if !stream {

@@ -19,7 +19,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -218,17 +217,8 @@ func summarize(n int, rs []result, decode float64) level {
 		}
 	}
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-	l.TTFTp50ms, l.TTFTp99ms = ms(pct(ttft, 50)), ms(pct(ttft, 99))
-	l.ITLp50ms, l.ITLp99ms = ms(pct(gaps, 50)), ms(pct(gaps, 99))
+	l.TTFTp50ms, l.TTFTp99ms = ms(measure.Percentile(ttft, 50)), ms(measure.Percentile(ttft, 99))
+	l.ITLp50ms, l.ITLp99ms = ms(measure.Percentile(gaps, 50)), ms(measure.Percentile(gaps, 99))
 	l.WallSeconds = last.Sub(first).Seconds()
 	return l
-}
-
-func pct(d []time.Duration, p int) time.Duration {
-	if len(d) == 0 {
-		return 0
-	}
-	s := slices.Clone(d)
-	slices.Sort(s)
-	return s[min(len(s)-1, len(s)*p/100)]
 }

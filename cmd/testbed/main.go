@@ -56,6 +56,7 @@ func chaos(args []string) int {
 	suite := fs.String("suite", "long", "scenario suite: short or long")
 	seed := fs.Uint64("seed", 0, "workload seed (0: from the clock; printed)")
 	out := fs.String("out", ".build/chaos", "directory for JSON reports and node logs")
+	only := fs.String("only", "", "run only the scenario of this name")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -71,6 +72,9 @@ func chaos(args []string) int {
 	nsErr := netem.Available()
 	failed := false
 	for _, s := range scenarios {
+		if *only != "" && s.Name != *only {
+			continue
+		}
 		if s.Netns && nsErr != nil {
 			fmt.Printf("scenario %s: SKIPPED: %v\n", s.Name, nsErr)
 			continue

@@ -2,7 +2,10 @@
 // load generator share, so their numbers mean the same thing.
 package measure
 
-import "time"
+import (
+	"slices"
+	"time"
+)
 
 // SteadyRate counts the events of all streams inside the window where every stream is
 // between its first and last event (all of them decoding at once), and returns that count
@@ -33,4 +36,15 @@ func SteadyRate(events [][]time.Time) (count, seconds float64) {
 		}
 	}
 	return count, to.Sub(from).Seconds()
+}
+
+// Percentile is the p-th percentile (0-100) of d, by the nearest-rank method; 0 when d is
+// empty.
+func Percentile(d []time.Duration, p int) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return s[min(len(s)-1, len(s)*p/100)]
 }

@@ -42,8 +42,15 @@ type Config struct {
 	// ConnectTimeout bounds dialing a peer (the default transport only). Default 1s.
 	ConnectTimeout time.Duration
 	// HeaderTimeout bounds waiting for a forwarded request's response headers (the owner
-	// answers once the request is admitted and has produced its first token). Default 60s.
+	// answers with its first token, or after KeepAlive if it has none yet). Default 10s.
 	HeaderTimeout time.Duration
+	// KeepAlive is how often an owner tells the entry node it is still working on a
+	// request that has produced no token yet (queued, or prefilling). Default 2s.
+	KeepAlive time.Duration
+	// ProgressTimeout is the longest silence the entry node accepts on a forwarded answer
+	// after its headers: a longer one fails the owner (the request goes to the next
+	// owner, or resumes there mid-stream). Default 15s.
+	ProgressTimeout time.Duration
 	// MaxLine caps one line of a hop's answer stream; a longer one fails the stream as a
 	// broken owner. Default 1 MiB.
 	MaxLine int
@@ -67,14 +74,16 @@ type Config struct {
 // DefaultConfig returns infernode's routing settings.
 func DefaultConfig() Config {
 	return Config{
-		MaxSkew:        30 * time.Second,       // clocks of one cluster agree far better; replays older than this fail
-		ProbeInterval:  500 * time.Millisecond, // 3 failures: a dead peer is off the ring in ~1.5s
-		ProbeTimeout:   300 * time.Millisecond, // a loopback or LAN /readyz answers in well under 10ms
-		ConnectTimeout: time.Second,            // a LAN connect takes under a millisecond; a refused one fails at once
-		HeaderTimeout:  60 * time.Second,       // queue wait plus a long CPU prefill
-		MaxLine:        1 << 20,                // one token's text is a few bytes; an error message a few KiB
-		Candidates:     3,                      // the owner and two successors
-		Ring:           ring.DefaultConfig(),
+		MaxSkew:         30 * time.Second,       // clocks of one cluster agree far better; replays older than this fail
+		ProbeInterval:   500 * time.Millisecond, // 3 failures: a dead peer is off the ring in ~1.5s
+		ProbeTimeout:    300 * time.Millisecond, // a loopback or LAN /readyz answers in well under 10ms
+		ConnectTimeout:  time.Second,            // a LAN connect takes under a millisecond; a refused one fails at once
+		HeaderTimeout:   10 * time.Second,       // the owner answers within KeepAlive, however long its queue
+		KeepAlive:       2 * time.Second,        // cheap, and well inside ProgressTimeout
+		ProgressTimeout: 15 * time.Second,       // far above a token's time or a keep-alive's; a stalled owner costs its clients this
+		MaxLine:         1 << 20,                // one token's text is a few bytes; an error message a few KiB
+		Candidates:      3,                      // the owner and two successors
+		Ring:            ring.DefaultConfig(),
 	}
 }
 
@@ -95,6 +104,10 @@ func (c Config) Validate() error {
 	p.Positive("probe timeout", c.ProbeTimeout)
 	p.Positive("connect timeout", c.ConnectTimeout)
 	p.Positive("header timeout", c.HeaderTimeout)
+	p.Positive("keep-alive interval", c.KeepAlive)
+	p.Positive("progress timeout", c.ProgressTimeout)
+	check(c.KeepAlive < c.HeaderTimeout && c.KeepAlive < c.ProgressTimeout,
+		"keep-alive interval (%v) must be below the header timeout (%v) and the progress timeout (%v)", c.KeepAlive, c.HeaderTimeout, c.ProgressTimeout)
 	check(c.ProbeTimeout < c.ProbeInterval, "probe timeout (%v) must be below the probe interval (%v)", c.ProbeTimeout, c.ProbeInterval)
 	check(c.MaxLine >= 4096, "max line must be at least 4096 bytes, got %d", c.MaxLine)
 	check(c.Candidates >= 1, "candidates must be at least 1, got %d", c.Candidates)

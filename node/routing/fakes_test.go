@@ -100,6 +100,19 @@ func (t *fakeTimer) Stop() bool {
 	return true
 }
 
+// pending is how many timers wait to fire.
+func (c *fakeClock) pending() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, t := range c.timers {
+		if t.state == 0 {
+			n++
+		}
+	}
+	return n
+}
+
 // Advance moves the clock and runs the timers now due.
 func (c *fakeClock) Advance(d time.Duration) {
 	c.mu.Lock()
@@ -313,13 +326,18 @@ func (p *peer) serveHop(w http.ResponseWriter, req *http.Request) {
 		writeErr(w, testError(err))
 		return
 	}
-	first, ferr := st.Recv()
+	a := NewAnswer(st)
+	if err := a.Wait(p.router.cfg.KeepAlive); err != nil {
+		a.Close()
+		writeErr(w, testError(err))
+		return
+	}
 	w.Header().Set(NodeHeader, p.id)
 	prompt, _, _ := st.Admitted()
 	w.Header().Set(PromptHeader, fmt.Sprint(prompt))
 	w.WriteHeader(http.StatusOK)
 	lines := 0
-	WriteAnswer(func(b []byte) error {
+	a.Write(func(b []byte) error {
 		if s.crashAfter > 0 && lines == s.crashAfter {
 			w.(*pipeResponse).crash()
 			return io.ErrClosedPipe
@@ -327,7 +345,7 @@ func (p *peer) serveHop(w http.ResponseWriter, req *http.Request) {
 		lines++
 		_, err := w.Write(append(b, '\n'))
 		return err
-	}, st, first, ferr, testError)
+	}, p.router.cfg.KeepAlive, testError)
 }
 
 func testError(err error) *Error {

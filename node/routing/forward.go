@@ -26,6 +26,8 @@ var (
 	ErrPeerDown = errors.New("peer declared down")
 	// ErrHeaderTimeout: the owner sent no answer within Config.HeaderTimeout.
 	ErrHeaderTimeout = errors.New("owner sent no answer in time")
+	// ErrStalled: the owner sent nothing on an answer for Config.ProgressTimeout.
+	ErrStalled = errors.New("owner stalled")
 )
 
 // Resumer is a stream that may have moved to another owner mid-answer.
@@ -53,6 +55,12 @@ type Hopper interface {
 // was itself busy, in which case the last busy answer is returned.
 func (r *Router) Submit(ctx context.Context, req infer.Request) (infer.Stream, error) {
 	return r.submit(ctx, req, nil)
+}
+
+// Handoff serves req on one of its owners other than this node: a draining node's way to
+// pass on what still reaches it. It serves locally only when no other owner could.
+func (r *Router) Handoff(ctx context.Context, req infer.Request) (infer.Stream, error) {
+	return r.submit(ctx, req, []string{r.cfg.Self})
 }
 
 // submit tries the owners of req not in tried.
@@ -183,7 +191,7 @@ func (r *Router) forward(ctx context.Context, c candidate, req infer.Request) (*
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 0, 4096), r.cfg.MaxLine)
 	return &peerStream{peer: c.id, node: resp.Header.Get(NodeHeader), body: resp.Body, sc: sc, prompt: prompt, cached: cached,
-		hops: 1 + hops, cancel: cancel}, nil
+		hops: 1 + hops, ctx: fctx, cancel: cancel, clock: r.clock, progress: r.cfg.ProgressTimeout}, nil
 }
 
 // decodeError rebuilds a peer's error response, so it keeps its meaning across the hop.
@@ -202,17 +210,21 @@ func decodeError(resp *http.Response) error {
 	return e.Error
 }
 
-// peerStream reads a forwarded request's answer.
+// peerStream reads a forwarded request's answer. A silence longer than progress fails it
+// (ErrStalled), like a broken connection.
 type peerStream struct {
-	peer   string // the ring id it was sent to
-	node   string // the node that says it serves it
-	cancel context.CancelCauseFunc
-	body   io.ReadCloser
-	sc     *bufio.Scanner
-	prompt int
-	cached int
-	hops   int // forwards behind this answer, this one included
-	tokens int
+	peer     string // the ring id it was sent to
+	node     string // the node that says it serves it
+	ctx      context.Context
+	cancel   context.CancelCauseFunc
+	clock    Clock
+	progress time.Duration
+	body     io.ReadCloser
+	sc       *bufio.Scanner
+	prompt   int
+	cached   int
+	hops     int // forwards behind this answer, this one included
+	tokens   int
 
 	mu  sync.Mutex
 	res infer.Result
@@ -225,20 +237,39 @@ func (p *peerStream) close() {
 
 func (p *peerStream) lost(why error) error {
 	p.close()
+	if cause := context.Cause(p.ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+		why = fmt.Errorf("%w (%v)", cause, why)
+	}
 	return fmt.Errorf("%w: %s: %w", ErrPeerLost, p.peer, why)
 }
 
-func (p *peerStream) Recv() (string, error) {
-	if !p.sc.Scan() {
-		err := p.sc.Err()
-		if err == nil {
-			err = io.ErrUnexpectedEOF
+// next reads the next event that is not a keep-alive, within the progress deadline.
+func (p *peerStream) next() (Event, error) {
+	for {
+		t := p.clock.AfterFunc(p.progress, func() { p.cancel(ErrStalled) })
+		ok := p.sc.Scan()
+		t.Stop()
+		if !ok {
+			err := p.sc.Err()
+			if err == nil {
+				err = io.ErrUnexpectedEOF
+			}
+			return Event{}, p.lost(err)
 		}
-		return "", p.lost(err)
+		var ev Event
+		if err := json.Unmarshal(p.sc.Bytes(), &ev); err != nil {
+			return Event{}, p.lost(fmt.Errorf("bad line: %w", err))
+		}
+		if ev.Text != "" || ev.Done != nil || ev.Error != nil {
+			return ev, nil
+		}
 	}
-	var ev Event
-	if err := json.Unmarshal(p.sc.Bytes(), &ev); err != nil {
-		return "", p.lost(fmt.Errorf("bad line: %w", err))
+}
+
+func (p *peerStream) Recv() (string, error) {
+	ev, err := p.next()
+	if err != nil {
+		return "", err
 	}
 	switch {
 	case ev.Done != nil:
@@ -255,7 +286,12 @@ func (p *peerStream) Recv() (string, error) {
 		p.mu.Unlock()
 		return "", ev.Error
 	}
+	p.mu.Lock()
 	p.tokens = ev.Tokens
+	if ev.Prompt > 0 {
+		p.prompt, p.cached = ev.Prompt, ev.Cached
+	}
+	p.mu.Unlock()
 	return ev.Text, nil
 }
 
@@ -265,8 +301,17 @@ func (p *peerStream) Result() infer.Result {
 	return p.res
 }
 
-func (p *peerStream) Admitted() (int, int, bool) { return p.prompt, p.cached, true }
-func (p *peerStream) Tokens() int                { return p.tokens }
+func (p *peerStream) Admitted() (int, int, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.prompt, p.cached, true
+}
+
+func (p *peerStream) Tokens() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.tokens
+}
 
 // routed is a forwarded answer that survives its owner: when the owner stops answering
 // mid-stream, it asks the next owner to continue from the prompt plus the text already
@@ -294,6 +339,18 @@ func (s *routed) Recv() (string, error) {
 		s.text.WriteString(text)
 		if err == nil || text != "" {
 			return text, nil
+		}
+		var remote *Error
+		if errors.As(err, &remote) && remote.busy() && s.text.Len() == 0 && s.ctx.Err() == nil {
+			// Refused while queued, after the owner had sent its headers: the next owners
+			// may have room, as when it is refused at once.
+			st, err := s.r.submit(s.ctx, s.req, s.tried)
+			if err != nil {
+				s.finish(err)
+				return "", err
+			}
+			s.adopt(st)
+			continue
 		}
 		if !errors.Is(err, ErrPeerLost) || s.ctx.Err() != nil {
 			s.finish(err)
@@ -336,11 +393,16 @@ func (s *routed) resumeElsewhere(cause error) error {
 	if err != nil {
 		return fmt.Errorf("owner %s died mid-stream and no other owner could continue: %w", peer, err)
 	}
+	s.adopt(st)
+	return nil
+}
+
+// adopt makes st, the answer of another submit, the current leg.
+func (s *routed) adopt(st infer.Stream) {
 	if rs, ok := st.(*routed); ok {
 		s.tried, st = rs.tried, rs.cur
 	}
 	s.cur = st
-	return nil
 }
 
 // finished is a stream at its end (a resume found the token limit already reached): node

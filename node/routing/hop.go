@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"strconv"
 	"strings"
 	"sync"
@@ -26,7 +27,7 @@ const (
 	// may add fields (receivers ignore fields they do not know); a new major one is not
 	// understood by older nodes, which keep such peers off their rings.
 	Major = 1
-	Minor = 0
+	Minor = 1 // 1.1: keep-alive lines, and the first text event carries the prompt's counts
 
 	HeaderVersion   = "X-Infernode-Hop-Version" // "major.minor"
 	HeaderFrom      = "X-Infernode-Hop"         // the entry node's id
@@ -85,10 +86,15 @@ func (r Request) Engine() infer.Request {
 			RepeatLastN: r.RepeatLastN, Seed: r.Seed}}
 }
 
-// Event is one line of a hop's answer: text, the end, or an error.
+// Event is one line of a hop's answer: text, the end, an error, or (with no field set) a
+// keep-alive: the owner is still working on a request that has no token yet.
 type Event struct {
 	Text   string `json:"t,omitempty"`
 	Tokens int    `json:"n,omitempty"` // tokens generated so far
+	// Prompt and Cached are the prompt's tokens and how many came from the KV cache, on
+	// the first text event (the headers may have gone before admission).
+	Prompt int    `json:"p,omitempty"`
+	Cached int    `json:"c,omitempty"`
 	Done   *Done  `json:"done,omitempty"`
 	Error  *Error `json:"error,omitempty"`
 }
@@ -152,11 +158,67 @@ func (r *Router) Accept(in Inbound) (Request, error) {
 	return req, nil
 }
 
-// WriteAnswer streams an answer in the hop's format through write, one line at a time: the
-// first piece (already received, with its error), every later one, then Done or Error.
-// toError turns the engine's errors into what the entry node is told. It returns write's
-// first error (the entry node went away).
-func WriteAnswer(write func(line []byte) error, st infer.Stream, first string, firstErr error, toError func(error) *Error) error {
+// Answer is the owner's end of a hop's answer. It reads the engine's stream in its own
+// goroutine, so that while the engine is silent (the request queued or prefilling) the
+// owner still tells the entry node it is working.
+type Answer struct {
+	st     infer.Stream
+	pieces chan piece
+	quit   chan struct{}
+	held   *piece
+}
+
+type piece struct {
+	text string
+	err  error
+}
+
+// NewAnswer starts reading st. Write (or Close) must follow.
+func NewAnswer(st infer.Stream) *Answer {
+	a := &Answer{st: st, pieces: make(chan piece), quit: make(chan struct{})}
+	go func() {
+		for {
+			text, err := st.Recv()
+			select {
+			case a.pieces <- piece{text, err}:
+			case <-a.quit:
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	return a
+}
+
+// Wait waits up to d for the first piece of the answer. An error before any text is a
+// refusal (overloaded, not ready): it is returned, to be answered with its status, so the
+// entry node can try the next owner. After Wait the answer is committed: the caller sends
+// its headers and calls Write.
+func (a *Answer) Wait(d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case p := <-a.pieces:
+		a.held = &p
+		if p.text == "" && p.err != nil && !errors.Is(p.err, io.EOF) {
+			return p.err
+		}
+	case <-t.C:
+	}
+	return nil
+}
+
+// Close stops reading the stream (the request's context ends it in the engine).
+func (a *Answer) Close() { close(a.quit) }
+
+// Write streams the answer through write, one line each: text events, a keep-alive line
+// every keepAlive until the first text, then Done or Error. toError turns the engine's
+// errors into what the entry node is told. It returns write's first error (the entry node
+// went away) and closes the answer.
+func (a *Answer) Write(write func(line []byte) error, keepAlive time.Duration, toError func(error) *Error) error {
+	defer a.Close()
 	event := func(ev Event) error {
 		b, err := json.Marshal(ev)
 		if err != nil {
@@ -164,19 +226,41 @@ func WriteAnswer(write func(line []byte) error, st infer.Stream, first string, f
 		}
 		return write(b)
 	}
-	piece, err := first, firstErr
+	tick := time.NewTicker(keepAlive)
+	defer tick.Stop()
+	first := true
 	for {
-		if piece != "" {
-			if err := event(Event{Text: piece, Tokens: st.Tokens()}); err != nil {
+		var p piece
+		if a.held != nil {
+			p, a.held = *a.held, nil
+		} else {
+			select {
+			case p = <-a.pieces:
+			case <-tick.C:
+				if !first {
+					continue // after the first token, tokens are the sign of life
+				}
+				if err := event(Event{}); err != nil {
+					return err
+				}
+				continue
+			}
+		}
+		if p.text != "" {
+			ev := Event{Text: p.text, Tokens: a.st.Tokens()}
+			if first {
+				ev.Prompt, ev.Cached, _ = a.st.Admitted()
+				first = false
+			}
+			if err := event(ev); err != nil {
 				return err
 			}
 		}
-		if err != nil {
+		if p.err != nil {
 			break
 		}
-		piece, err = st.Recv()
 	}
-	res := st.Result()
+	res := a.st.Result()
 	if res.Err != nil {
 		return event(Event{Error: toError(res.Err)})
 	}

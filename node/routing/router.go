@@ -85,7 +85,7 @@ func New(cfg Config, g Membership, local Engine) (*Router, error) {
 		transport = &http.Transport{
 			DialContext:         (&net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second}).DialContext,
 			MaxIdleConnsPerHost: 64,
-			IdleConnTimeout:     90 * time.Second,
+			IdleConnTimeout:     10 * time.Second, // a burst's extra connections close soon after it
 		}
 	}
 	r := &Router{
@@ -120,6 +120,10 @@ func New(cfg Config, g Membership, local Engine) (*Router, error) {
 func (r *Router) Collectors() []prometheus.Collector {
 	return []prometheus.Collector{r.forwards, r.resumes, r.ringSize}
 }
+
+// KeepAlive is how often this node, as an owner, tells an entry node that a forwarded
+// request without a token yet is still in hand.
+func (r *Router) KeepAlive() time.Duration { return r.cfg.KeepAlive }
 
 // Ready reports whether this node may be on rings: model ready and gossip joined.
 func (r *Router) Ready() (bool, string) {

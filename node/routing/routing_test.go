@@ -205,6 +205,54 @@ func TestHeaderTimeout(t *testing.T) {
 }
 
 // Canceling the client's request crosses the hop: the owner's generation is canceled.
+// An owner that stops sending mid-answer (while it would still answer /readyz) fails
+// after the progress timeout, not before: the answer resumes on the next owner, exactly.
+func TestStalledOwner(t *testing.T) {
+	c := newCluster(t, "b", "c")
+	key := c.keyOwnedBy("b", "c")
+	c.peers["b"].engine.set(script{stallAfter: 3})
+	st, err := c.entry.Submit(t.Context(), greedy(key, "hi", 8))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var head strings.Builder
+	for head.Len() < len(uninterrupted(3)) {
+		piece, err := st.Recv()
+		if err != nil {
+			t.Fatalf("before the stall: %v", err)
+		}
+		head.WriteString(piece)
+	}
+	got := make(chan string, 1)
+	go func() {
+		rest, _ := collect(st)
+		got <- head.String() + rest
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for c.clock.pending() == 0 { // the entry waits on b's next line
+		if time.Now().After(deadline) {
+			t.Fatal("the entry never armed its progress deadline")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	c.clock.Advance(c.entry.cfg.ProgressTimeout - time.Millisecond)
+	if c.clock.pending() == 0 {
+		t.Fatal("gave up on the owner before the progress timeout")
+	}
+	c.clock.Advance(time.Millisecond)
+	select {
+	case text := <-got:
+		if text != uninterrupted(8) {
+			t.Errorf("text %q, want %q", text, uninterrupted(8))
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stalled answer did not move on after the progress timeout")
+	}
+	if servedBy(st) != "c" || resumes(st) != 1 {
+		t.Errorf("served by %q after %d resumes, want c after 1", servedBy(st), resumes(st))
+	}
+}
+
 func TestCancelAcrossHop(t *testing.T) {
 	c := newCluster(t, "b")
 	key := c.keyOwnedBy("b")
