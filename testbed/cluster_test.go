@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -290,6 +291,66 @@ func TestKillOwner(t *testing.T) {
 	t.Logf("%s back on every ring %v after restart", victim.ID, time.Since(restartAt).Round(time.Millisecond))
 	if a := chat(t, c.Nodes[2].URL(), msgs, 4); a.node != victim.ID {
 		t.Errorf("after restart the conversation is served by %s, want its owner %s again", a.node, victim.ID)
+	}
+}
+
+// TestLeaveOwner: an owner sent SIGTERM while another node forwards streams to it finishes
+// every one of them (none resumed, none failed), new turns of its conversations go to the
+// next owners at once, and it exits cleanly.
+func TestLeaveOwner(t *testing.T) {
+	c := startCluster(t, 3)
+	entry, victim := c.Nodes[0], c.Nodes[1]
+	var convs [][]message
+	for i := 0; len(convs) < 8 && i < 400; i++ {
+		m := []message{{"system", fmt.Sprintf("story %d", i)}, {"user", "tell me everything"}}
+		if chat(t, entry.URL(), m, 1).node == victim.ID {
+			convs = append(convs, m)
+		}
+	}
+	if len(convs) < 8 {
+		t.Fatalf("only %d conversations of 400 are owned by %s", len(convs), victim.ID)
+	}
+	type result struct {
+		served  string
+		markers int
+		err     error
+	}
+	results := make([]result, len(convs))
+	streaming := make(chan struct{}, len(convs))
+	var wg sync.WaitGroup
+	for i, m := range convs {
+		wg.Go(func() {
+			_, served, markers, err := streamChat(entry.URL(), m, 600, 8, func() { streaming <- struct{}{} })
+			results[i] = result{served, markers, err}
+		})
+	}
+	for range convs {
+		<-streaming
+	}
+	left := time.Now()
+	if err := victim.signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	for i, r := range results {
+		if r.err != nil || r.markers != 0 || r.served != victim.ID {
+			t.Errorf("stream %d: served by %s, %d resumes, %v; want finished by %s, never resumed", i, r.served, r.markers, r.err, victim.ID)
+		}
+	}
+	if !victim.wait(30 * time.Second) {
+		t.Fatalf("%s still running 30s after SIGTERM", victim.ID)
+	}
+	if err := victim.Err(); err != nil {
+		t.Errorf("%s exited with %v after a graceful leave", victim.ID, err)
+	}
+	t.Logf("%s finished %d forwarded streams and exited %v after SIGTERM", victim.ID, len(convs), time.Since(left).Round(time.Millisecond))
+	for _, m := range convs[:2] {
+		if a := chat(t, entry.URL(), m, 4); a.status != 200 || a.node == victim.ID {
+			t.Errorf("after the leave: status %d served by %q", a.status, a.node)
+		}
+	}
+	if strings.Contains(metrics(t, entry), "infernode_resumes_total 1") {
+		t.Error("the entry node resumed a stream")
 	}
 }
 
