@@ -204,7 +204,9 @@ func RunScenario(ctx context.Context, cfg Config, s Scenario) (*Report, error) {
 		return nil, err
 	}
 	if s.Overload != nil {
-		rep.Overload = c.calibrate(ctx, *s.Overload)
+		if rep.Overload, err = c.calibrate(ctx, *s.Overload); err != nil {
+			return nil, err
+		}
 	}
 	baseline := c.baselines(ctx, c.Nodes...)
 
@@ -255,7 +257,13 @@ func RunScenario(ctx context.Context, cfg Config, s Scenario) (*Report, error) {
 	sampling := make(chan struct{})
 	var sampled sync.WaitGroup
 	sampled.Go(func() { rep.Rings = c.sampleRings(ctx, sampling) })
-	rep.Records = c.RunWorkload(ctx, s.Workload, c.serving)
+	work, err := c.measureWork(func() { rep.Records = c.RunWorkload(ctx, s.Workload, c.serving) })
+	if err != nil {
+		return nil, err
+	}
+	if rep.Overload != nil {
+		rep.Overload.BurstWork = work
+	}
 	<-faultsDone
 	measures.Wait()
 	close(sampling)
@@ -939,6 +947,13 @@ func (r *Report) Summary(w io.Writer) {
 	if o := r.Overload; o != nil {
 		fmt.Fprintf(w, "  overload: goodput %.0f tokens/s under the burst, %.0f unloaded (%.0f%%); %d refused, p99 time to a refusal %v\n",
 			o.Goodput, o.Capacity, 100*o.Goodput/max(o.Capacity, 1e-9), o.Refused, o.RefusalP99.Round(time.Millisecond))
+		for _, p := range []struct {
+			name string
+			w    Work
+		}{{"baseline", o.BaselineWork}, {"burst", o.BurstWork}} {
+			fmt.Fprintf(w, "  %s: nodes generated %.0f tokens and prefilled %.0f on %.1f CPU-seconds (%.1f ms a generated token)\n",
+				p.name, p.w.Generated, p.w.Prefilled, p.w.CPU, 1000*p.w.CPU/max(p.w.Generated, 1))
+		}
 	}
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 	for _, a := range r.Faults {

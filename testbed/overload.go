@@ -2,6 +2,7 @@ package testbed
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -25,13 +26,56 @@ type OverloadReport struct {
 	Goodput        float64       `json:"goodput_tokens_per_s"` // completed tokens/s under the burst
 	Refused        int           `json:"refused"`
 	RefusalP99     time.Duration `json:"refusal_p99_ns"` // from sending a request to its refusal
+	// What the nodes' counters moved by during each phase, over all nodes: where the
+	// machine's time went when goodput differs.
+	BaselineWork Work `json:"baseline_work"`
+	BurstWork    Work `json:"burst_work"`
+}
+
+// Work is what every node's counters moved by during a phase.
+type Work struct {
+	Generated float64 `json:"generated_tokens"`
+	Prefilled float64 `json:"prefilled_tokens"` // prompt tokens not served from a cache
+	CPU       float64 `json:"cpu_seconds"`
+}
+
+// counters reads the work counters of every running node, summed.
+func (c *Cluster) counters() (Work, error) {
+	var w Work
+	for _, n := range c.running() {
+		gen, err1 := c.Metric(n, "infernode_generated_tokens_total")
+		prompt, err2 := c.Metric(n, "infernode_prompt_tokens_total")
+		reused, err3 := c.Metric(n, "infernode_reused_prefix_tokens_total")
+		cpu, err4 := c.Metric(n, "process_cpu_seconds_total")
+		if err := errors.Join(err1, err2, err3, err4); err != nil {
+			return w, err
+		}
+		w.Generated, w.Prefilled, w.CPU = w.Generated+gen, w.Prefilled+prompt-reused, w.CPU+cpu
+	}
+	return w, nil
+}
+
+func (w Work) since(before Work) Work {
+	return Work{Generated: w.Generated - before.Generated, Prefilled: w.Prefilled - before.Prefilled, CPU: w.CPU - before.CPU}
+}
+
+// measureWork runs phase and returns what the nodes did meanwhile.
+func (c *Cluster) measureWork(phase func()) (Work, error) {
+	before, err := c.counters()
+	if err != nil {
+		return Work{}, err
+	}
+	phase()
+	after, err := c.counters()
+	return after.since(before), err
 }
 
 // calibrate runs the baseline workload and measures the cluster's unloaded capacity.
-func (c *Cluster) calibrate(ctx context.Context, o Overload) *OverloadReport {
-	recs := c.RunWorkload(ctx, o.Baseline, c.serving)
+func (c *Cluster) calibrate(ctx context.Context, o Overload) (*OverloadReport, error) {
+	var recs []Record
+	work, err := c.measureWork(func() { recs = c.RunWorkload(ctx, o.Baseline, c.serving) })
 	rate, failed := goodput(recs, o.Baseline.Duration)
-	return &OverloadReport{Capacity: rate, BaselineFailed: failed}
+	return &OverloadReport{Capacity: rate, BaselineFailed: failed, BaselineWork: work}, err
 }
 
 // goodput is the rate answers completed tokens over the window of a workload's duration

@@ -57,7 +57,7 @@ func overload(seed uint64) Scenario {
 	return Scenario{Name: "overload", Nodes: nodes, Workload: burst, MaxFailures: 1 << 30, NoResumes: true, MaxNearTies: 0.25,
 		Doc: fmt.Sprintf("a burst of %d clients (4x the sequences of %d nodes, each queueing %d) for 10s: refused with Retry-After, never taken for dead",
 			burst.Concurrency, nodes, queue),
-		Args:     []string{"--sequences", fmt.Sprint(sequences), "--max-queue", fmt.Sprint(queue)},
+		Args: []string{"--sequences", fmt.Sprint(sequences), "--max-queue", fmt.Sprint(queue)},
 		// The target is 90%; runs here measured 86-95% (old and new binaries alike vary
 		// that much: both phases share 2 cores with the clients), so the invariant fails
 		// below 80%, and every report prints the number.
