@@ -41,6 +41,10 @@ type Config struct {
 	// QueueTimeout is how long a request may wait for admission before it is refused with
 	// ErrOverloaded. Default 30s.
 	QueueTimeout time.Duration
+	// Fingerprint identifies the model file and KV type in KV frames (see Export); only
+	// an engine with the same one imports them. Empty: computed by New (it reads the whole
+	// model file once).
+	Fingerprint string
 	// Seed seeds the engine's random source, which draws the seeds of requests that ask
 	// for a random one. It is logged at start so a run can be replayed. Default 0: from
 	// the clock.

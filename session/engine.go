@@ -33,6 +33,8 @@ type Engine struct {
 	refused uint64      // requests refused at Submit; guarded by mu
 	done    []time.Time // when the last drainWindow requests finished, oldest first; guarded by mu
 	wake    chan struct{}
+	tasks   chan func()   // run on the engine goroutine between steps (Export, Import)
+	stopped chan struct{} // closed when Run returns
 
 	// Engine-goroutine state.
 	slots   []*slot
@@ -107,6 +109,13 @@ func New(cfg Config) (*Engine, error) {
 	if seed == 0 {
 		seed = uint64(time.Now().UnixNano())
 	}
+	if cfg.Fingerprint == "" {
+		if cfg.Fingerprint, err = Fingerprint(cfg.ModelPath, cfg.KVType); err != nil {
+			lctx.Close()
+			model.Close()
+			return nil, err
+		}
+	}
 	bos, _ := model.Tokenize("", true, false) // nothing when the tokenizer fails: warm falls back to token 0
 	e := &Engine{
 		cfg: cfg, log: log, model: model, lctx: lctx, bos: bos,
@@ -116,6 +125,8 @@ func New(cfg Config) (*Engine, error) {
 		seqCells: lctx.SeqCells(),
 		share:    lctx.Cells() / cfg.Sequences,
 		wake:     make(chan struct{}, 1),
+		tasks:    make(chan func()),
+		stopped:  make(chan struct{}),
 	}
 	for i := range cfg.Sequences {
 		e.slots = append(e.slots, &slot{seq: i})
@@ -234,6 +245,11 @@ func (e *Engine) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
+		select {
+		case task := <-e.tasks:
+			task()
+		default:
+		}
 		e.expire(stats)
 		e.admit(stats)
 		if len(e.jobs) == 0 {
@@ -243,6 +259,8 @@ func (e *Engine) Run(ctx context.Context) error {
 			case <-ctx.Done():
 				return nil
 			case <-e.wake:
+			case task := <-e.tasks:
+				task()
 			case <-timeout:
 			}
 			continue
@@ -269,6 +287,7 @@ func (e *Engine) warm() error {
 
 // shutdown ends every request with ErrClosed.
 func (e *Engine) shutdown() {
+	close(e.stopped)
 	e.ready.Store(false)
 	e.mu.Lock()
 	e.running = false

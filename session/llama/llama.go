@@ -350,6 +350,33 @@ func (c *Context) SeqPosMax(seq int) int {
 	return int(C.llama_memory_seq_pos_max(c.mem, C.llama_seq_id(seq)))
 }
 
+// SeqState copies a sequence's state (its KV cells and what llama.cpp needs to restore
+// them) into a new buffer.
+func (c *Context) SeqState(seq int) ([]byte, error) {
+	n := C.llama_state_seq_get_size(c.c, C.llama_seq_id(seq))
+	if n == 0 {
+		return nil, fmt.Errorf("sequence %d: no state", seq)
+	}
+	buf := make([]byte, int(n))
+	got := C.llama_state_seq_get_data(c.c, (*C.uint8_t)(unsafe.Pointer(&buf[0])), n, C.llama_seq_id(seq))
+	if got == 0 || got > n {
+		return nil, fmt.Errorf("sequence %d: copying its state failed", seq)
+	}
+	return buf[:int(got)], nil
+}
+
+// SetSeqState restores a state SeqState copied (here or in a context of the same model
+// and KV layout) into sequence seq, which should be empty.
+func (c *Context) SetSeqState(seq int, state []byte) error {
+	if len(state) == 0 {
+		return errors.New("empty sequence state")
+	}
+	if C.llama_state_seq_set_data(c.c, (*C.uint8_t)(unsafe.Pointer(&state[0])), C.size_t(len(state)), C.llama_seq_id(seq)) == 0 {
+		return fmt.Errorf("sequence %d: llama.cpp refused the state (%d bytes)", seq, len(state))
+	}
+	return nil
+}
+
 // Clear empties the whole KV cache.
 func (c *Context) Clear() { C.llama_memory_clear(c.mem, true) }
 

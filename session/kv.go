@@ -1,0 +1,153 @@
+package session
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+)
+
+// Moving a conversation's KV cache between engines: Export writes an idle conversation's
+// tokens and llama.cpp sequence state as a KV frame (kvframe.go), Import installs one. The
+// state is copied on the engine goroutine between steps; the frame is written and read
+// outside it.
+
+// ErrNotCached means the engine holds no idle cache for the conversation asked for (it
+// never had one, evicted it, or is running a turn of it now).
+var ErrNotCached = errors.New("conversation not cached here")
+
+// do runs f on the engine goroutine between steps and waits for it.
+func (e *Engine) do(ctx context.Context, f func()) error {
+	if !e.Ready() {
+		return ErrClosed
+	}
+	done := make(chan struct{})
+	select {
+	case e.tasks <- func() { f(); close(done) }:
+	case <-e.stopped:
+		return ErrClosed
+	case <-ctx.Done():
+		return fmt.Errorf("%w: %w", ErrCanceled, ctx.Err())
+	}
+	<-done
+	return nil
+}
+
+// Export writes conversation key's cached KV to w as a KV frame and returns how many
+// tokens it holds. The conversation stays cached here.
+func (e *Engine) Export(ctx context.Context, key string, w io.Writer) (int, error) {
+	if key == "" {
+		return 0, fmt.Errorf("%w: export needs a conversation key", ErrInvalid)
+	}
+	var tokens []int32
+	var state []byte
+	var err error
+	if err := e.do(ctx, func() {
+		for _, s := range e.slots {
+			if s.key == key && s.job == nil && len(s.tokens) > 0 {
+				tokens = append([]int32(nil), s.tokens...)
+				state, err = e.lctx.SeqState(s.seq)
+				return
+			}
+		}
+		err = ErrNotCached
+	}); err != nil {
+		return 0, err
+	}
+	if err != nil {
+		return 0, err
+	}
+	h := frameHeader{Fingerprint: e.cfg.Fingerprint, KVType: e.cfg.KVType, Key: key}
+	if err := writeFrame(w, h, tokens, state); err != nil {
+		return 0, fmt.Errorf("export %q: %w", key, err)
+	}
+	return len(tokens), nil
+}
+
+// ImportResult says what Import installed.
+type ImportResult struct {
+	Key    string
+	Tokens int
+	Bytes  int           // of llama.cpp state
+	Stall  time.Duration // the engine goroutine's time spent installing it
+}
+
+// Import reads a KV frame from r and installs it as its conversation's cache, replacing any
+// idle copy of that conversation here. A frame for another model or KV type, another
+// format version, a truncated or corrupt one is refused (ErrFrame) and changes nothing;
+// so is one arriving while that conversation runs a turn here, or when every sequence is
+// busy (ErrOverloaded).
+func (e *Engine) Import(ctx context.Context, r io.Reader) (ImportResult, error) {
+	want := frameHeader{Fingerprint: e.cfg.Fingerprint, KVType: e.cfg.KVType}
+	h, tokens, state, err := readFrame(r, want, e.seqCells-1)
+	if err != nil {
+		return ImportResult{}, err
+	}
+	res := ImportResult{Key: h.Key, Tokens: len(tokens), Bytes: len(state)}
+	if err := e.do(ctx, func() {
+		start := time.Now()
+		err = e.install(h.Key, tokens, state)
+		res.Stall = time.Since(start)
+	}); err != nil {
+		return res, err
+	}
+	if err != nil {
+		return res, err
+	}
+	e.log.Debug("conversation imported", "session", h.Key, "tokens", len(tokens), "bytes", len(state), "stall", res.Stall)
+	return res, nil
+}
+
+// install puts an imported conversation into a slot: its own idle one, else an empty one,
+// else the least recently used idle one, evicting idle conversations for cells as
+// admission would. Engine goroutine only.
+func (e *Engine) install(key string, tokens []int32, state []byte) error {
+	var target *slot
+	for _, s := range e.slots {
+		if s.key == key && s.job != nil {
+			return fmt.Errorf("%w: conversation %q is running a turn here", ErrOverloaded, key)
+		}
+		if s.key == key {
+			target = s
+		}
+	}
+	if target == nil {
+		for _, s := range e.slots {
+			if s.job == nil && len(s.tokens) == 0 {
+				target = s
+				break
+			}
+		}
+	}
+	if target == nil {
+		target = e.lru(nil)
+	}
+	if target == nil {
+		return fmt.Errorf("%w: every sequence is running", ErrOverloaded)
+	}
+	if e.cfg.UnifiedKV {
+		used := e.claimed() - len(target.tokens)
+		exclude := []*slot{target}
+		var evict []*slot
+		for used+len(tokens) > e.cells {
+			victim := e.lru(exclude)
+			if victim == nil {
+				return fmt.Errorf("%w: no room for %d cells", ErrOverloaded, len(tokens))
+			}
+			used -= len(victim.tokens)
+			exclude = append(exclude, victim)
+			evict = append(evict, victim)
+		}
+		for _, v := range evict {
+			e.drop(v)
+		}
+	}
+	e.drop(target)
+	if err := e.lctx.SetSeqState(target.seq, state); err != nil {
+		e.drop(target) // whatever llama.cpp half-restored
+		return fmt.Errorf("%w: %w", ErrFrame, err)
+	}
+	target.key, target.tokens, target.lastUsed = key, append(target.tokens[:0], tokens...), e.tick
+	return nil
+}

@@ -1,0 +1,102 @@
+package session
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+
+	"github.com/infernode/infernode/internal/testenv"
+)
+
+// A conversation exported from one engine and imported into another continues there
+// exactly as an uninterrupted run would, from its cache.
+func TestKVMove(t *testing.T) {
+	for _, tc := range []struct {
+		name, model, reference string
+	}{
+		// The greedy continuation llama2.c documents for stories260K (../shared/models).
+		{"stories260K", "stories260K.gguf", ", there was a little girl named Lily. She loved to play outside in the park. One day, she saw a big, red ball. She wanted to play with it, but it was too high.\nLily"},
+		{"test model", "", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := testenv.Model(t)
+			if tc.model != "" {
+				path = testenv.SharedModel(t, tc.model)
+			}
+			model := func(c *Config) { c.ModelPath = path }
+			src, dst, whole := startEngine(t, model), startEngine(t, model), startEngine(t, model)
+			const prompt = "Once upon a time"
+
+			first, _ := generate(t, src, greedy("k", prompt, 60))
+			if tc.reference != "" && first != tc.reference {
+				t.Fatalf("first turn %q, want the reference %q", first, tc.reference)
+			}
+			uninterrupted, _ := generate(t, whole, greedy("", prompt, 100))
+
+			var frame bytes.Buffer
+			n, err := src.Export(t.Context(), "k", &frame)
+			if err != nil {
+				t.Fatal(err)
+			}
+			res, err := dst.Import(t.Context(), bytes.NewReader(frame.Bytes()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Key != "k" || res.Tokens != n || dst.Stats().Conversations != 1 {
+				t.Fatalf("imported %+v (exported %d tokens); %d conversations cached", res, n, dst.Stats().Conversations)
+			}
+			t.Logf("%d tokens, %d bytes of state, %d bytes of frame, installed in %v", n, res.Bytes, frame.Len(), res.Stall)
+
+			rest, r := generate(t, dst, greedy("k", prompt+first, 40))
+			if r.CachedTokens < n-1 {
+				t.Errorf("the next turn found %d of its %d prompt tokens cached, want the %d imported (less the last)", r.CachedTokens, r.PromptTokens, n)
+			}
+			if first+rest != uninterrupted {
+				t.Errorf("after the move:\n%q\nuninterrupted:\n%q", first+rest, uninterrupted)
+			}
+		})
+	}
+}
+
+// Frames another engine cannot use are refused with ErrFrame and change nothing.
+func TestKVImportRefusals(t *testing.T) {
+	src := startEngine(t, nil)
+	generate(t, src, greedy("k", "the sea is", 20))
+	var frame bytes.Buffer
+	if _, err := src.Export(t.Context(), "k", &frame); err != nil {
+		t.Fatal(err)
+	}
+	good := frame.Bytes()
+	flipped := bytes.Clone(good)
+	flipped[len(flipped)-10] ^= 0xff
+	otherKV := startEngine(t, func(c *Config) { c.KVType = "q8_0" })
+	dst := startEngine(t, nil)
+	held, _ := generate(t, dst, greedy("mine", "the river", 8))
+	for _, tc := range []struct {
+		name   string
+		engine *Engine
+		frame  []byte
+	}{
+		{"another KV type", otherKV, good},
+		{"truncated in the state", dst, good[:len(good)-100]},
+		{"truncated in the header", dst, good[:20]},
+		{"a flipped byte", dst, flipped},
+		{"not a frame", dst, []byte("hello, this is not a KV frame at all")},
+	} {
+		_, err := tc.engine.Import(t.Context(), bytes.NewReader(tc.frame))
+		if !errors.Is(err, ErrFrame) {
+			t.Errorf("%s: Import = %v, want ErrFrame", tc.name, err)
+		}
+		t.Logf("%s: %v", tc.name, err)
+	}
+	if st := dst.Stats(); st.Conversations != 1 {
+		t.Errorf("after refused imports: %d conversations cached, want only the one held before", st.Conversations)
+	}
+	again, r := generate(t, dst, greedy("mine", "the river"+held, 4))
+	if r.CachedTokens == 0 || again == "" {
+		t.Errorf("the conversation held before lost its cache: %d cached tokens", r.CachedTokens)
+	}
+	if _, err := src.Export(t.Context(), "nobody", &frame); !errors.Is(err, ErrNotCached) {
+		t.Errorf("Export of an unknown conversation = %v, want ErrNotCached", err)
+	}
+}
