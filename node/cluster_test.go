@@ -50,6 +50,15 @@ func (*fakeEngine) ChatPrompt(msgs []infer.Message) (string, error) {
 func (*fakeEngine) Stats() infer.Stats { return infer.Stats{} }
 func (f *fakeEngine) Ready() bool      { return !f.notReady }
 
+// The fake engine caches nothing: KV hand-offs are tested with the real one.
+func (*fakeEngine) Export(context.Context, string, io.Writer) (int, error) {
+	return 0, infer.ErrNotCached
+}
+func (*fakeEngine) Import(context.Context, io.Reader) (infer.Imported, error) {
+	return infer.Imported{}, infer.ErrFrame
+}
+func (*fakeEngine) Conversations(context.Context) ([]string, error) { return nil, nil }
+
 type fakeStream struct{ n, i int }
 
 func (s *fakeStream) Recv() (string, error) {

@@ -105,6 +105,10 @@ func toAPIError(err error) *apiError {
 			Message: err.Error(), RetryAfter: retry}
 	case errors.Is(err, infer.ErrClosed):
 		return errNotReady
+	case errors.Is(err, infer.ErrFrame):
+		return &apiError{Status: fasthttp.StatusBadRequest, Type: "invalid_request_error", Code: "kv_frame", Message: err.Error()}
+	case errors.Is(err, infer.ErrNotCached):
+		return &apiError{Status: fasthttp.StatusNotFound, Type: "invalid_request_error", Code: "not_cached", Message: err.Error()}
 	case errors.Is(err, context.DeadlineExceeded):
 		return &apiError{Status: fasthttp.StatusGatewayTimeout, Type: "server_error", Code: "timeout",
 			Message: "request deadline exceeded"}

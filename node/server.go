@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"sync"
@@ -29,6 +30,11 @@ type Engine interface {
 	ChatPrompt(msgs []infer.Message) (string, error)
 	Stats() infer.Stats
 	Ready() bool
+	// Export writes a cached conversation's KV as a KV frame; Import installs one;
+	// Conversations lists those cached, most recently used first. See session.Engine.
+	Export(ctx context.Context, key string, w io.Writer) (int, error)
+	Import(ctx context.Context, r io.Reader) (infer.Imported, error)
+	Conversations(ctx context.Context) ([]string, error)
 }
 
 // Server serves the HTTP API of one node.
@@ -101,6 +107,9 @@ func New(cfg Config, engine Engine, router *routing.Router) (*Server, error) {
 		NoDefaultContentType: true,
 		Logger:               fasthttpLogger{s.log},
 	}
+	if router != nil { // peers push KV frames, larger than any API request
+		s.http.MaxRequestBodySize = max(cfg.MaxBodyBytes, cfg.MaxKVBytes)
+	}
 	return s, nil
 }
 
@@ -118,6 +127,9 @@ func (s *Server) Run(ctx context.Context) error {
 	s.log.Info("serving", "addr", ln.Addr().String(), "model", s.cfg.ModelName)
 	errc := make(chan error, 1)
 	go func() { errc <- s.http.Serve(ln) }()
+	if s.router != nil {
+		go s.followRing(ctx, time.Second) // a join comes with a burst of ring changes
+	}
 	select {
 	case err := <-errc:
 		return fmt.Errorf("serve: %w", err)
@@ -190,7 +202,15 @@ func (s *Server) Close() {
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	path := string(ctx.Path())
 	endpoint, status := path, 0
+	switch {
+	case path != routing.KVPath && len(ctx.Request.Body()) > s.cfg.MaxBodyBytes:
+		// The server reads bodies up to MaxKVBytes for KV frames; every other route keeps
+		// the smaller bound.
+		status = writeError(ctx, errBodyTooLarge).Status
+		path = "oversized"
+	}
 	switch path {
+	case "oversized":
 	case "/v1/chat/completions":
 		status = s.guard(ctx, true, fasthttp.MethodPost, func() { s.handleCompletion(ctx, true) })
 	case "/v1/completions":
@@ -205,6 +225,8 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		status = s.guard(ctx, true, fasthttp.MethodGet, func() { s.handleCluster(ctx) })
 	case routing.Path:
 		status = s.guard(ctx, false, fasthttp.MethodPost, func() { s.handleInternal(ctx) })
+	case routing.KVPath:
+		status = s.guard(ctx, false, fasthttp.MethodPost, func() { s.handleKV(ctx) })
 	case "/metrics":
 		status = s.guard(ctx, !s.cfg.MetricsOpen, fasthttp.MethodGet, func() { s.promh(ctx) })
 	default:

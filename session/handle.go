@@ -2,6 +2,7 @@ package session
 
 import (
 	"context"
+	"io"
 	"sync/atomic"
 
 	"github.com/infernode/infernode/session/infer"
@@ -51,6 +52,33 @@ func (h *Handle) Stats() Stats {
 func (h *Handle) Ready() bool {
 	e := h.e.Load()
 	return e != nil && e.Ready()
+}
+
+// Export writes a conversation's KV as a frame; see Engine.Export.
+func (h *Handle) Export(ctx context.Context, key string, w io.Writer) (int, error) {
+	e := h.e.Load()
+	if e == nil {
+		return 0, ErrClosed
+	}
+	return e.Export(ctx, key, w)
+}
+
+// Import installs a KV frame; see Engine.Import.
+func (h *Handle) Import(ctx context.Context, r io.Reader) (ImportResult, error) {
+	e := h.e.Load()
+	if e == nil {
+		return ImportResult{}, ErrClosed
+	}
+	return e.Import(ctx, r)
+}
+
+// Conversations lists the conversations cached; see Engine.Conversations.
+func (h *Handle) Conversations(ctx context.Context) ([]string, error) {
+	e := h.e.Load()
+	if e == nil {
+		return nil, ErrClosed
+	}
+	return e.Conversations(ctx)
 }
 
 var _ infer.Stream = (*Stream)(nil)

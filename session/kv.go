@@ -1,10 +1,11 @@
 package session
 
 import (
+	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"time"
 )
 
@@ -12,10 +13,6 @@ import (
 // tokens and llama.cpp sequence state as a KV frame (kvframe.go), Import installs one. The
 // state is copied on the engine goroutine between steps; the frame is written and read
 // outside it.
-
-// ErrNotCached means the engine holds no idle cache for the conversation asked for (it
-// never had one, evicted it, or is running a turn of it now).
-var ErrNotCached = errors.New("conversation not cached here")
 
 // do runs f on the engine goroutine between steps and waits for it.
 func (e *Engine) do(ctx context.Context, f func()) error {
@@ -65,14 +62,6 @@ func (e *Engine) Export(ctx context.Context, key string, w io.Writer) (int, erro
 	return len(tokens), nil
 }
 
-// ImportResult says what Import installed.
-type ImportResult struct {
-	Key    string
-	Tokens int
-	Bytes  int           // of llama.cpp state
-	Stall  time.Duration // the engine goroutine's time spent installing it
-}
-
 // Import reads a KV frame from r and installs it as its conversation's cache, replacing any
 // idle copy of that conversation here. A frame for another model or KV type, another
 // format version, a truncated or corrupt one is refused (ErrFrame) and changes nothing;
@@ -112,6 +101,9 @@ func (e *Engine) install(key string, tokens []int32, state []byte) error {
 			target = s
 		}
 	}
+	if target != nil && len(target.tokens) >= len(tokens) {
+		return nil // the copy here is as long (a later turn ran here): keep it
+	}
 	if target == nil {
 		for _, s := range e.slots {
 			if s.job == nil && len(s.tokens) == 0 {
@@ -150,4 +142,26 @@ func (e *Engine) install(key string, tokens []int32, state []byte) error {
 	}
 	target.key, target.tokens, target.lastUsed = key, append(target.tokens[:0], tokens...), e.tick
 	return nil
+}
+
+// Conversations are the keys of the conversations cached here, most recently used first.
+func (e *Engine) Conversations(ctx context.Context) ([]string, error) {
+	type idle struct {
+		key  string
+		used uint64
+	}
+	var held []idle
+	err := e.do(ctx, func() {
+		for _, s := range e.slots {
+			if s.key != "" && s.job == nil && len(s.tokens) > 0 {
+				held = append(held, idle{s.key, s.lastUsed})
+			}
+		}
+	})
+	slices.SortFunc(held, func(a, b idle) int { return cmp.Compare(b.used, a.used) })
+	keys := make([]string, len(held))
+	for i, h := range held {
+		keys[i] = h.key
+	}
+	return keys, err
 }

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"encoding/binary"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 
@@ -31,10 +30,6 @@ const (
 	frameChunk   = 1 << 20 // state bytes a chunk carries at most
 	maxHeader    = 64 << 10
 )
-
-// ErrFrame is wrapped by every error about a KV frame that cannot be imported: another
-// model or KV layout, another format version, a truncated or corrupt frame.
-var ErrFrame = errors.New("bad KV frame")
 
 type frameHeader struct {
 	Fingerprint string `json:"fingerprint"` // model file and KV type (see Fingerprint)

@@ -13,6 +13,7 @@ type (
 	InvalidError       = infer.InvalidError
 	PromptTooLongError = infer.PromptTooLongError
 	OverloadedError    = infer.OverloadedError
+	ImportResult       = infer.Imported
 	TokenLogprob       = infer.TokenLogprob
 	TopLogprob         = infer.TopLogprob
 )
@@ -24,6 +25,8 @@ var (
 	ErrOverloaded    = infer.ErrOverloaded
 	ErrCanceled      = infer.ErrCanceled
 	ErrClosed        = infer.ErrClosed
+	ErrFrame         = infer.ErrFrame
+	ErrNotCached     = infer.ErrNotCached
 )
 
 // DefaultSampling is OpenAI's default: temperature 1, no truncation, a random seed.

@@ -392,6 +392,13 @@ func serve(opts options, log *slog.Logger) error {
 	var err2 error
 	select {
 	case err := <-served:
+		if router != nil {
+			// Drained: hand the conversations cached here to their next owners, most
+			// recently used first, for up to the drain timeout again.
+			hctx, cancel := context.WithTimeout(context.Background(), opts.node.DrainTimeout)
+			srv.HandOff(hctx, true)
+			cancel()
+		}
 		stopEngine()
 		err2 = errors.Join(err, <-engineDone)
 	case err := <-engineDone: // the engine failed on its own

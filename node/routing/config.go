@@ -54,6 +54,10 @@ type Config struct {
 	// MaxLine caps one line of a hop's answer stream; a longer one fails the stream as a
 	// broken owner. Default 1 MiB.
 	MaxLine int
+	// KVTransfers is how many KV pushes to peers may run at once. Default 2.
+	KVTransfers int
+	// KVTimeout bounds one KV push. Default 60s.
+	KVTimeout time.Duration
 	// Candidates is how many ring owners a request may try. Default 3.
 	Candidates int
 	// DefaultMaxTokens is the engine's token limit for requests that set none, needed to
@@ -83,6 +87,8 @@ func DefaultConfig() Config {
 		ProgressTimeout: 15 * time.Second,       // far above a token's time or a keep-alive's; a stalled owner costs its clients this
 		MaxLine:         1 << 20,                // one token's text is a few bytes; an error message a few KiB
 		Candidates:      3,                      // the owner and two successors
+		KVTransfers:     2,                      // a transfer saturates a LAN link or a core; serving keeps the rest
+		KVTimeout:       60 * time.Second,       // 64 MiB at 10 Mbit/s would take longer: then recomputing is cheaper
 		Ring:            ring.DefaultConfig(),
 	}
 }
@@ -111,6 +117,8 @@ func (c Config) Validate() error {
 	check(c.ProbeTimeout < c.ProbeInterval, "probe timeout (%v) must be below the probe interval (%v)", c.ProbeTimeout, c.ProbeInterval)
 	check(c.MaxLine >= 4096, "max line must be at least 4096 bytes, got %d", c.MaxLine)
 	check(c.Candidates >= 1, "candidates must be at least 1, got %d", c.Candidates)
+	check(c.KVTransfers >= 1, "KV transfers must be at least 1, got %d", c.KVTransfers)
+	p.Positive("KV timeout", c.KVTimeout)
 	check(c.DefaultMaxTokens >= 1, "default max tokens must be at least 1, got %d", c.DefaultMaxTokens)
 	check(c.QueueCap >= 0, "queue capacity must not be negative, got %d", c.QueueCap)
 	err := c.Ring.Validate()

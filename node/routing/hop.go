@@ -22,6 +22,9 @@ import (
 // OpenAI's JSON shape with its status. Both ends live in this file.
 const (
 	Path = "/internal/v1/generate"
+	// KVPath takes a conversation's KV cache, as a KV frame (session's format), pushed by
+	// the node that held it to the conversation's owner. Signed like a generation hop.
+	KVPath = "/internal/v1/kv"
 
 	// Major and Minor are the hop protocol version this node speaks. A new minor version
 	// may add fields (receivers ignore fields they do not know); a new major one is not
@@ -143,19 +146,28 @@ type Inbound struct {
 // Accept authenticates a hop addressed to this node and decodes its body. Fields a newer
 // minor version added are ignored.
 func (r *Router) Accept(in Inbound) (Request, error) {
-	if err := r.auth.verify(in, r.cfg.Self); err != nil {
+	if err := r.Authenticate(in); err != nil {
 		return Request{}, err
-	}
-	v := in.Header(HeaderVersion)
-	major, _, _ := strings.Cut(v, ".")
-	if n, err := strconv.Atoi(major); err != nil || n != Major {
-		return Request{}, fmt.Errorf("%w: got %q, this node speaks %d.x", ErrVersion, v, Major)
 	}
 	var req Request
 	if err := json.Unmarshal(in.Body, &req); err != nil {
 		return Request{}, fmt.Errorf("%w: hop body: %v", infer.ErrInvalid, err)
 	}
 	return req, nil
+}
+
+// Authenticate authenticates a hop addressed to this node (any path) and checks its protocol
+// version; the body is the caller's to read.
+func (r *Router) Authenticate(in Inbound) error {
+	if err := r.auth.verify(in, r.cfg.Self); err != nil {
+		return err
+	}
+	v := in.Header(HeaderVersion)
+	major, _, _ := strings.Cut(v, ".")
+	if n, err := strconv.Atoi(major); err != nil || n != Major {
+		return fmt.Errorf("%w: got %q, this node speaks %d.x", ErrVersion, v, Major)
+	}
+	return nil
 }
 
 // Answer is the owner's end of a hop's answer. It reads the engine's stream in its own

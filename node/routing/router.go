@@ -62,9 +62,14 @@ type Router struct {
 	refused map[string]bool          // member names refused for claiming a live member's id (logged once)
 	down    map[string]chan struct{} // closed when the peer is declared down (see abandonDown)
 
+	heirs   *ring.Ring    // the ring without this node (see heir)
+	ringCh  chan struct{} // signaled (coalesced) when the ring changes
+	kvSlots chan struct{} // KV pushes in flight (see PushKV)
+
 	forwards *prometheus.CounterVec
 	resumes  prometheus.Counter
 	ringSize prometheus.GaugeFunc
+	kv       kvMetrics
 }
 
 // New builds a router. It starts nothing: Run does.
@@ -96,6 +101,9 @@ func New(cfg Config, g Membership, local Engine) (*Router, error) {
 		holder:  map[string]string{},
 		refused: map[string]bool{},
 		down:    map[string]chan struct{}{},
+		ringCh:  make(chan struct{}, 1),
+		kvSlots: make(chan struct{}, cfg.KVTransfers),
+		kv:      newKVMetrics(),
 		forwards: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "infernode_forwards_total", Help: "Requests forwarded to their owner, by outcome.",
 		}, []string{"outcome"}),
@@ -118,8 +126,11 @@ func New(cfg Config, g Membership, local Engine) (*Router, error) {
 
 // Collectors are the router's Prometheus metrics.
 func (r *Router) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{r.forwards, r.resumes, r.ringSize}
+	return []prometheus.Collector{r.forwards, r.resumes, r.ringSize, r.kv.transfers, r.kv.bytes, r.kv.seconds}
 }
+
+// RingChanges signals (coalesced) that this node's ring changed.
+func (r *Router) RingChanges() <-chan struct{} { return r.ringCh }
 
 // KeepAlive is how often this node, as an owner, tells an entry node that a forwarded
 // request without a token yet is still in hand.
@@ -261,6 +272,10 @@ func (r *Router) Sync() {
 func (r *Router) ringChanged() {
 	r.log.Info("ring changed", "members", r.table.Ring().Members())
 	r.abandonDown()
+	select {
+	case r.ringCh <- struct{}{}:
+	default:
+	}
 }
 
 // abandonDown cancels the forwards in flight to peers that are off this node's ring for

@@ -81,7 +81,20 @@ var (
 	ErrCanceled = errors.New("request canceled")
 	// ErrClosed means the engine is not running.
 	ErrClosed = errors.New("engine closed")
+	// ErrFrame is wrapped by every error about a KV frame that cannot be imported: another
+	// model or KV layout, another format version, a truncated or corrupt frame.
+	ErrFrame = errors.New("bad KV frame")
+	// ErrNotCached means the engine holds no idle cache for the conversation asked for.
+	ErrNotCached = errors.New("conversation not cached here")
 )
+
+// Imported says what importing a KV frame installed.
+type Imported struct {
+	Key    string        `json:"key"`
+	Tokens int           `json:"tokens"`
+	Bytes  int           `json:"bytes"`    // of llama.cpp state
+	Stall  time.Duration `json:"stall_ns"` // the engine's time spent installing it, between steps
+}
 
 // InvalidError says which parameter of a request is wrong and why.
 type InvalidError struct {

@@ -1,0 +1,107 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/infernode/infernode/node/routing"
+	"github.com/infernode/infernode/session/infer"
+)
+
+// Conversations' KV caches follow their ownership: a node pushes the caches it holds but
+// does not own to their owners, when it leaves and when its ring changes (a join moved
+// some conversations away), and takes the caches peers push to it.
+
+// handleKV takes a conversation's KV frame pushed by a peer (POST routing.KVPath).
+func (s *Server) handleKV(ctx *fasthttp.RequestCtx) {
+	if s.router == nil {
+		writeError(ctx, errNotFound)
+		return
+	}
+	body := ctx.PostBody()
+	if err := s.router.Authenticate(routing.Inbound{Method: string(ctx.Method()), Path: string(ctx.Path()), Body: body,
+		Header: func(name string) string { return string(ctx.Request.Header.Peek(name)) }}); err != nil {
+		writeError(ctx, err)
+		return
+	}
+	start := time.Now()
+	res, err := s.engine.Import(s.base, bytes.NewReader(body))
+	s.router.ObserveKV("received", len(body), time.Since(start), err)
+	if err != nil {
+		s.log.Warn("KV frame refused", "from", string(ctx.Request.Header.Peek(routing.HeaderFrom)), "bytes", len(body), "err", err)
+		writeError(ctx, err)
+		return
+	}
+	s.log.Info("KV taken", "from", string(ctx.Request.Header.Peek(routing.HeaderFrom)), "tokens", res.Tokens, "bytes", len(body),
+		"stall", res.Stall)
+	writeJSON(ctx, fasthttp.StatusOK, res)
+}
+
+// HandOff pushes conversations cached here to their owners, most recently used first,
+// until ctx ends: every one when leaving, else those another node owns now. It returns
+// how many moved and how many could not.
+func (s *Server) HandOff(ctx context.Context, leaving bool) (moved, failed int) {
+	if s.router == nil {
+		return 0, 0
+	}
+	keys, err := s.engine.Conversations(ctx)
+	if err != nil {
+		s.log.Warn("hand-off: cannot list conversations", "err", err)
+		return 0, 0
+	}
+	start := time.Now()
+	for _, key := range keys {
+		if ctx.Err() != nil {
+			failed++
+			continue
+		}
+		if !leaving && s.router.Owns(key) {
+			continue
+		}
+		var frame bytes.Buffer
+		if _, err := s.engine.Export(ctx, key, &frame); err != nil {
+			if !errors.Is(err, infer.ErrNotCached) { // running a turn, or evicted since: nothing to move
+				failed++
+				s.log.Warn("hand-off: export failed", "session", key, "err", err)
+			}
+			continue
+		}
+		peer, err := s.router.PushKV(ctx, key, frame.Bytes(), leaving)
+		if err != nil {
+			failed++
+			s.log.Warn("hand-off: push failed", "session", key, "peer", peer, "err", err)
+			continue
+		}
+		moved++
+	}
+	if moved+failed > 0 {
+		s.log.Info("hand-off", "leaving", leaving, "moved", moved, "failed", failed, "took", time.Since(start).Round(time.Millisecond))
+	}
+	return moved, failed
+}
+
+// followRing hands conversations this node no longer owns to their new owners whenever
+// its ring changes (a join, a return), once the ring has been quiet for settle.
+func (s *Server) followRing(ctx context.Context, settle time.Duration) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.router.RingChanges():
+		}
+		for quiet := false; !quiet; {
+			select {
+			case <-ctx.Done():
+				return
+			case <-s.router.RingChanges():
+			case <-time.After(settle):
+				quiet = true
+			}
+		}
+		s.HandOff(ctx, false)
+	}
+}
