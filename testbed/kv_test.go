@@ -59,3 +59,58 @@ func TestLeaveHandsOffKV(t *testing.T) {
 		}
 	}
 }
+
+// TestJoinHandsOffKV: when a node joins, the nodes that held the conversations it now owns
+// push their caches to it, so their next turn starts there from cache and says what the
+// old owner said.
+func TestJoinHandsOffKV(t *testing.T) {
+	c := startCluster(t, 2)
+	type conv struct {
+		msgs []message
+		want answer
+	}
+	var convs []conv
+	for i := range 12 {
+		m := []message{{"system", fmt.Sprintf("story %d: %s", i, strings.Repeat("a long and winding tale ", 20))}, {"user", "begin"}}
+		first := chat(t, c.Nodes[i%2].URL(), m, 120)
+		m = append(m, message{"assistant", first.text}, message{"user", "go on"})
+		convs = append(convs, conv{m, chat(t, c.Nodes[i%2].URL(), m, 60)})
+	}
+	joined, err := c.Add(t.Context(), "node3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.WaitRings(t.Context(), c.IDs(), 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	// The old owners push once their rings have been quiet for a second: wait until what
+	// node3 took has stopped growing.
+	received := func() float64 {
+		v, _ := c.Metric(joined, `infernode_kv_transfers_total{direction="received",outcome="ok"}`)
+		return v
+	}
+	last, since := -1.0, time.Now()
+	for deadline := time.Now().Add(20 * time.Second); time.Since(since) < 3*time.Second; time.Sleep(100 * time.Millisecond) {
+		if n := received(); n != last {
+			last, since = n, time.Now()
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node3 still taking conversations after 20s (%v so far)", last)
+		}
+	}
+	moved := 0
+	for i, cv := range convs {
+		got := chat(t, c.Nodes[0].URL(), cv.msgs, 60)
+		if got.node != joined.ID {
+			continue
+		}
+		moved++
+		if got.cached == 0 || got.text != cv.want.text {
+			t.Errorf("conversation %d on %s: %d of %d prompt tokens cached, %q; the old owner (%s) said %q", i, got.node, got.cached, got.prompt, got.text, cv.want.node, cv.want.text)
+		}
+	}
+	if moved == 0 || float64(moved) > last {
+		t.Errorf("%d conversations moved to node3, which took %v caches", moved, last)
+	}
+	t.Logf("%d of %d conversations moved to node3, every one warm; it took %v caches", moved, len(convs), last)
+}
