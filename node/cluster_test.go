@@ -54,7 +54,7 @@ func (f *fakeEngine) Ready() bool      { return !f.notReady }
 func (*fakeEngine) Export(context.Context, string, io.Writer) (int, error) {
 	return 0, infer.ErrNotCached
 }
-func (*fakeEngine) Import(context.Context, io.Reader) (infer.Imported, error) {
+func (*fakeEngine) Import(context.Context, io.Reader, bool) (infer.Imported, error) {
 	return infer.Imported{}, infer.ErrFrame
 }
 func (*fakeEngine) Conversations(context.Context) ([]string, error) { return nil, nil }

@@ -198,6 +198,17 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, c *completion, submit submit
 		writeError(ctx, err)
 		return
 	}
+	if _, forwarded := st.(routing.Server); !forwarded {
+		// Served here: once the turn has ended well, a replica of the conversation's KV
+		// goes to the node that would take it over.
+		release := done
+		done = func() {
+			release()
+			if st.Result().Err == nil {
+				s.replicate(c.req.SessionID)
+			}
+		}
+	}
 	if c.internal {
 		s.answerHop(ctx, st, cancel, done)
 		return

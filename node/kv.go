@@ -17,7 +17,7 @@ import (
 // some conversations away), and takes the caches peers push to it.
 
 // handleKV takes a conversation's KV frame pushed by a peer (POST routing.KVPath).
-func (s *Server) handleKV(ctx *fasthttp.RequestCtx) {
+func (s *Server) handleKV(ctx *fasthttp.RequestCtx, replica bool) {
 	if s.router == nil {
 		writeError(ctx, errNotFound)
 		return
@@ -29,15 +29,15 @@ func (s *Server) handleKV(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	start := time.Now()
-	res, err := s.engine.Import(s.base, bytes.NewReader(body))
+	res, err := s.engine.Import(s.base, bytes.NewReader(body), replica)
 	s.router.ObserveKV("received", len(body), time.Since(start), err)
 	if err != nil {
 		s.log.Warn("KV frame refused", "from", string(ctx.Request.Header.Peek(routing.HeaderFrom)), "bytes", len(body), "err", err)
 		writeError(ctx, err)
 		return
 	}
-	s.log.Info("KV taken", "from", string(ctx.Request.Header.Peek(routing.HeaderFrom)), "tokens", res.Tokens, "bytes", len(body),
-		"stall", res.Stall)
+	s.log.Debug("KV taken", "from", string(ctx.Request.Header.Peek(routing.HeaderFrom)), "replica", replica, "tokens", res.Tokens,
+		"bytes", len(body), "stall", res.Stall)
 	writeJSON(ctx, fasthttp.StatusOK, res)
 }
 
@@ -70,7 +70,11 @@ func (s *Server) HandOff(ctx context.Context, leaving bool) (moved, failed int) 
 			}
 			continue
 		}
-		peer, err := s.router.PushKV(ctx, key, frame.Bytes(), leaving)
+		why := routing.ToOwner
+		if leaving {
+			why = routing.Leaving
+		}
+		peer, err := s.router.PushKV(ctx, key, frame.Bytes(), why)
 		if err != nil {
 			failed++
 			s.log.Warn("hand-off: push failed", "session", key, "peer", peer, "err", err)
@@ -104,4 +108,24 @@ func (s *Server) followRing(ctx context.Context, settle time.Duration) {
 		}
 		s.HandOff(ctx, false)
 	}
+}
+
+// replicate copies a conversation's KV, after a turn served here, to the node that would
+// take the conversation over if this one failed. It runs in the background and gives up
+// when transfers are busy: a replica never delays serving.
+func (s *Server) replicate(key string) {
+	if s.router == nil || s.cfg.Replicas == 0 || key == "" {
+		return
+	}
+	go func() {
+		ctx, cancel := context.WithTimeout(s.base, 30*time.Second)
+		defer cancel()
+		var frame bytes.Buffer
+		if _, err := s.engine.Export(ctx, key, &frame); err != nil {
+			return // a next turn already runs, or it was evicted: nothing current to copy
+		}
+		if peer, err := s.router.PushKV(ctx, key, frame.Bytes(), routing.Replica); err != nil && !errors.Is(err, routing.ErrBusy) && !errors.Is(err, routing.ErrNoOwner) {
+			s.log.Debug("replica not sent", "session", key, "peer", peer, "err", err)
+		}
+	}()
 }

@@ -33,7 +33,7 @@ type Engine interface {
 	// Export writes a cached conversation's KV as a KV frame; Import installs one;
 	// Conversations lists those cached, most recently used first. See session.Engine.
 	Export(ctx context.Context, key string, w io.Writer) (int, error)
-	Import(ctx context.Context, r io.Reader) (infer.Imported, error)
+	Import(ctx context.Context, r io.Reader, replica bool) (infer.Imported, error)
 	Conversations(ctx context.Context) ([]string, error)
 }
 
@@ -203,7 +203,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	path := string(ctx.Path())
 	endpoint, status := path, 0
 	switch {
-	case path != routing.KVPath && len(ctx.Request.Body()) > s.cfg.MaxBodyBytes:
+	case path != routing.KVPath && path != routing.ReplicaPath && len(ctx.Request.Body()) > s.cfg.MaxBodyBytes:
 		// The server reads bodies up to MaxKVBytes for KV frames; every other route keeps
 		// the smaller bound.
 		status = writeError(ctx, errBodyTooLarge).Status
@@ -225,8 +225,8 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		status = s.guard(ctx, true, fasthttp.MethodGet, func() { s.handleCluster(ctx) })
 	case routing.Path:
 		status = s.guard(ctx, false, fasthttp.MethodPost, func() { s.handleInternal(ctx) })
-	case routing.KVPath:
-		status = s.guard(ctx, false, fasthttp.MethodPost, func() { s.handleKV(ctx) })
+	case routing.KVPath, routing.ReplicaPath:
+		status = s.guard(ctx, false, fasthttp.MethodPost, func() { s.handleKV(ctx, path == routing.ReplicaPath) })
 	case "/metrics":
 		status = s.guard(ctx, !s.cfg.MetricsOpen, fasthttp.MethodGet, func() { s.promh(ctx) })
 	default:

@@ -55,6 +55,7 @@ type slot struct {
 	tokens   []int32
 	job      *job // running request, or nil when idle
 	lastUsed uint64
+	replica  bool // imported as another node's copy: evicted first, until a turn runs here
 }
 
 // job is an accepted request as the engine tracks it.

@@ -64,12 +64,12 @@ func (h *Handle) Export(ctx context.Context, key string, w io.Writer) (int, erro
 }
 
 // Import installs a KV frame; see Engine.Import.
-func (h *Handle) Import(ctx context.Context, r io.Reader) (ImportResult, error) {
+func (h *Handle) Import(ctx context.Context, r io.Reader, replica bool) (ImportResult, error) {
 	e := h.e.Load()
 	if e == nil {
 		return ImportResult{}, ErrClosed
 	}
-	return e.Import(ctx, r)
+	return e.Import(ctx, r, replica)
 }
 
 // Conversations lists the conversations cached; see Engine.Conversations.

@@ -67,7 +67,10 @@ func (e *Engine) Export(ctx context.Context, key string, w io.Writer) (int, erro
 // format version, a truncated or corrupt one is refused (ErrFrame) and changes nothing;
 // so is one arriving while that conversation runs a turn here, or when every sequence is
 // busy (ErrOverloaded).
-func (e *Engine) Import(ctx context.Context, r io.Reader) (ImportResult, error) {
+//
+// A replica is a copy kept for a conversation another node serves, for when that node
+// fails: it is evicted before any conversation served here.
+func (e *Engine) Import(ctx context.Context, r io.Reader, replica bool) (ImportResult, error) {
 	want := frameHeader{Fingerprint: e.cfg.Fingerprint, KVType: e.cfg.KVType}
 	h, tokens, state, err := readFrame(r, want, e.seqCells-1)
 	if err != nil {
@@ -76,7 +79,7 @@ func (e *Engine) Import(ctx context.Context, r io.Reader) (ImportResult, error) 
 	res := ImportResult{Key: h.Key, Tokens: len(tokens), Bytes: len(state)}
 	if err := e.do(ctx, func() {
 		start := time.Now()
-		err = e.install(h.Key, tokens, state)
+		err = e.install(h.Key, tokens, state, replica)
 		res.Stall = time.Since(start)
 	}); err != nil {
 		return res, err
@@ -91,7 +94,7 @@ func (e *Engine) Import(ctx context.Context, r io.Reader) (ImportResult, error) 
 // install puts an imported conversation into a slot: its own idle one, else an empty one,
 // else the least recently used idle one, evicting idle conversations for cells as
 // admission would. Engine goroutine only.
-func (e *Engine) install(key string, tokens []int32, state []byte) error {
+func (e *Engine) install(key string, tokens []int32, state []byte, replica bool) error {
 	var target *slot
 	for _, s := range e.slots {
 		if s.key == key && s.job != nil {
@@ -140,11 +143,13 @@ func (e *Engine) install(key string, tokens []int32, state []byte) error {
 		e.drop(target) // whatever llama.cpp half-restored
 		return fmt.Errorf("%w: %w", ErrFrame, err)
 	}
-	target.key, target.tokens, target.lastUsed = key, append(target.tokens[:0], tokens...), e.tick
+	e.tick++ // the LRU clock: a later import is more recent, even with no step between
+	target.key, target.tokens, target.lastUsed, target.replica = key, append(target.tokens[:0], tokens...), e.tick, replica
 	return nil
 }
 
-// Conversations are the keys of the conversations cached here, most recently used first.
+// Conversations are the keys of the conversations cached here, most recently used first;
+// replicas (copies kept for other nodes' conversations) are not among them.
 func (e *Engine) Conversations(ctx context.Context) ([]string, error) {
 	type idle struct {
 		key  string
@@ -153,7 +158,7 @@ func (e *Engine) Conversations(ctx context.Context) ([]string, error) {
 	var held []idle
 	err := e.do(ctx, func() {
 		for _, s := range e.slots {
-			if s.key != "" && s.job == nil && len(s.tokens) > 0 {
+			if s.key != "" && s.job == nil && len(s.tokens) > 0 && !s.replica {
 				held = append(held, idle{s.key, s.lastUsed})
 			}
 		}

@@ -38,7 +38,7 @@ func TestKVMove(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			res, err := dst.Import(t.Context(), bytes.NewReader(frame.Bytes()))
+			res, err := dst.Import(t.Context(), bytes.NewReader(frame.Bytes()), false)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -83,7 +83,7 @@ func TestKVImportRefusals(t *testing.T) {
 		{"a flipped byte", dst, flipped},
 		{"not a frame", dst, []byte("hello, this is not a KV frame at all")},
 	} {
-		_, err := tc.engine.Import(t.Context(), bytes.NewReader(tc.frame))
+		_, err := tc.engine.Import(t.Context(), bytes.NewReader(tc.frame), false)
 		if !errors.Is(err, ErrFrame) {
 			t.Errorf("%s: Import = %v, want ErrFrame", tc.name, err)
 		}

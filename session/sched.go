@@ -143,14 +143,16 @@ func (e *Engine) room(j *job, stats *Stats) bool {
 	return true
 }
 
-// lru is the least recently used idle slot holding tokens, not among exclude.
+// lru is the idle slot holding tokens, not among exclude, to evict first: a replica (a
+// copy kept for another node's conversation) before a conversation this node serves, and
+// the least recently used among equals.
 func (e *Engine) lru(exclude []*slot) *slot {
 	var best *slot
 	for _, s := range e.slots {
 		if s.job != nil || len(s.tokens) == 0 || slices.Contains(exclude, s) {
 			continue
 		}
-		if best == nil || s.lastUsed < best.lastUsed {
+		if best == nil || (s.replica && !best.replica) || (s.replica == best.replica && s.lastUsed < best.lastUsed) {
 			best = s
 		}
 	}
@@ -182,7 +184,7 @@ func (e *Engine) start(j *job, p placement, stats *Stats) {
 		e.lctx.SeqRemove(s.seq, p.reuse, -1)
 		s.tokens = s.tokens[:p.reuse]
 	}
-	s.key, s.job = j.req.SessionID, j
+	s.key, s.job, s.replica = j.req.SessionID, j, false
 	seed := uint32(j.req.Seed)
 	if j.req.Seed < 0 {
 		seed = e.rng.Uint32()

@@ -83,21 +83,8 @@ func TestJoinHandsOffKV(t *testing.T) {
 	if _, err := c.WaitRings(t.Context(), c.IDs(), 10*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	// The old owners push once their rings have been quiet for a second: wait until what
-	// node3 took has stopped growing.
-	received := func() float64 {
-		v, _ := c.Metric(joined, `infernode_kv_transfers_total{direction="received",outcome="ok"}`)
-		return v
-	}
-	last, since := -1.0, time.Now()
-	for deadline := time.Now().Add(20 * time.Second); time.Since(since) < 3*time.Second; time.Sleep(100 * time.Millisecond) {
-		if n := received(); n != last {
-			last, since = n, time.Now()
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("node3 still taking conversations after 20s (%v so far)", last)
-		}
-	}
+	// The old owners push once their rings have been quiet for a second.
+	last := settledTransfers(t, c, joined)
 	moved := 0
 	for i, cv := range convs {
 		got := chat(t, c.Nodes[0].URL(), cv.msgs, 60)
@@ -112,5 +99,78 @@ func TestJoinHandsOffKV(t *testing.T) {
 	if moved == 0 || float64(moved) > last {
 		t.Errorf("%d conversations moved to node3, which took %v caches", moved, last)
 	}
-	t.Logf("%d of %d conversations moved to node3, every one warm; it took %v caches", moved, len(convs), last)
+	t.Logf("%d of %d conversations moved to node3, which took %v caches", moved, len(convs), last)
+}
+
+// settledTransfers waits until the KV frames the nodes given have taken stop growing (none
+// for 3s) and returns how many they took.
+func settledTransfers(t *testing.T, c *Cluster, nodes ...*Node) float64 {
+	t.Helper()
+	received := func() float64 {
+		sum := 0.0
+		for _, n := range nodes {
+			v, _ := c.Metric(n, `infernode_kv_transfers_total{direction="received",outcome="ok"}`)
+			sum += v
+		}
+		return sum
+	}
+	last, since := -1.0, time.Now()
+	for deadline := time.Now().Add(20 * time.Second); time.Since(since) < 3*time.Second; time.Sleep(100 * time.Millisecond) {
+		if n := received(); n != last {
+			last, since = n, time.Now()
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("KV frames still arriving after 20s (%v so far)", last)
+		}
+	}
+	return last
+}
+
+// TestCrashFailoverKV: after each turn its owner serves, a conversation's KV is copied to
+// the node that takes it over if the owner dies; after kill -9 its next turn starts there
+// from the replica and says what the old owner said.
+func TestCrashFailoverKV(t *testing.T) {
+	// Every conversation probed for its owner stays cached somewhere, and replicas are the
+	// first evicted: 16 sequences a node keep the replicas this test looks for.
+	c := startCluster(t, 3, "--sequences", "16")
+	entry, victim, other := c.Nodes[0], c.Nodes[1], c.Nodes[2]
+	type conv struct {
+		msgs []message
+		want answer
+	}
+	var owned [][]message
+	for i := 0; len(owned) < 3 && i < 200; i++ {
+		m := []message{{"system", fmt.Sprintf("story %d: %s", i, strings.Repeat("a long and winding tale ", 20))}, {"user", "begin"}}
+		if chat(t, entry.URL(), m, 1).node == victim.ID {
+			owned = append(owned, m)
+		}
+	}
+	if len(owned) < 3 {
+		t.Fatalf("only %d conversations of 200 are owned by %s", len(owned), victim.ID)
+	}
+	var convs []conv
+	for _, m := range owned {
+		first := chat(t, entry.URL(), m, 120)
+		m = append(m, message{"assistant", first.text}, message{"user", "go on"})
+		convs = append(convs, conv{m, chat(t, entry.URL(), m, 60)})
+	}
+	replicas := settledTransfers(t, c, entry, other)
+	victim.Kill()
+	if _, err := c.WaitRings(t.Context(), c.IDs(entry, other), 10*time.Second, victim); err != nil {
+		t.Fatal(err)
+	}
+	for i, cv := range convs {
+		got := chat(t, other.URL(), cv.msgs, 60)
+		switch {
+		case got.status != 200 || got.node == victim.ID:
+			t.Errorf("conversation %d after the crash: status %d, served by %q", i, got.status, got.node)
+		case got.cached == 0:
+			t.Errorf("conversation %d resumed cold on %s: 0 of %d prompt tokens cached", i, got.node, got.prompt)
+		case got.text != cv.want.text:
+			t.Errorf("conversation %d on %s: %q, the old owner said %q", i, got.node, got.text, cv.want.text)
+		default:
+			t.Logf("conversation %d: on %s with %d of %d prompt tokens cached from its replica", i, got.node, got.cached, got.prompt)
+		}
+	}
+	t.Logf("the survivors took %v replicas before the crash", replicas)
 }

@@ -124,6 +124,7 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&nc.MaxTokens, "max-tokens", nc.MaxTokens, "largest max_tokens a request may ask for")
 	fs.StringVar(&maxBody, "max-body", "4MiB", "largest request body (bytes, or with KiB/MiB)")
 	fs.IntVar(&nc.MaxStreams, "max-streams", nc.MaxStreams, "generation requests in flight on this node, served here or forwarded, before 503 (bounds memory)")
+	fs.IntVar(&nc.Replicas, "replicas", nc.Replicas, "nodes that keep a copy of a conversation's KV after each turn, for when its owner fails (0 or 1)")
 	fs.DurationVar(&nc.RequestTimeout, "request-timeout", nc.RequestTimeout, "deadline of one generation request")
 	fs.DurationVar(&nc.WriteTimeout, "write-timeout", nc.WriteTimeout, "cut a client that blocks a write this long")
 	fs.DurationVar(&nc.DrainTimeout, "drain-timeout", nc.DrainTimeout, "on SIGTERM, how long running requests may finish")

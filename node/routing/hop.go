@@ -25,6 +25,9 @@ const (
 	// KVPath takes a conversation's KV cache, as a KV frame (session's format), pushed by
 	// the node that held it to the conversation's owner. Signed like a generation hop.
 	KVPath = "/internal/v1/kv"
+	// ReplicaPath takes a replica: a copy of a conversation's KV that its owner keeps on
+	// the node that takes the conversation over if the owner fails.
+	ReplicaPath = "/internal/v1/kv/replica"
 
 	// Major and Minor are the hop protocol version this node speaks. A new minor version
 	// may add fields (receivers ignore fields they do not know); a new major one is not

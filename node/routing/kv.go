@@ -76,12 +76,28 @@ func (r *Router) heir(key string) (candidate, bool) {
 	return candidate{id: id, addr: r.members[id].Meta.HTTPAddr}, ok
 }
 
-// PushKV sends a conversation's KV frame to its owner (when leaving, its owner once this
-// node has left) and returns that peer's id. At most Config.KVTransfers pushes run at
-// once, so transfers never take every connection and core from serving.
-func (r *Router) PushKV(ctx context.Context, key string, frame []byte, leaving bool) (string, error) {
+// Push says why a conversation's KV is pushed, and so to whom.
+type Push int
+
+const (
+	// ToOwner: the conversation's owner on this node's ring is another node now.
+	ToOwner Push = iota
+	// Leaving: this node is leaving; its owner once this node has left takes it.
+	Leaving
+	// Replica: a copy for the node that would take the conversation over if this one
+	// failed. Best effort: skipped when transfers are busy.
+	Replica
+)
+
+// ErrBusy: a replica was skipped because Config.KVTransfers pushes were running.
+var ErrBusy = errors.New("KV transfers busy")
+
+// PushKV sends a conversation's KV frame where why says and returns that peer's id. At
+// most Config.KVTransfers pushes run at once, so transfers never take every connection
+// and core from serving.
+func (r *Router) PushKV(ctx context.Context, key string, frame []byte, why Push) (string, error) {
 	to, ok := r.heir(key)
-	if !leaving {
+	if why == ToOwner {
 		cands := r.candidates(key)
 		ok = len(cands) > 0 && cands[0].id != r.cfg.Self
 		if ok {
@@ -94,24 +110,37 @@ func (r *Router) PushKV(ctx context.Context, key string, frame []byte, leaving b
 	select {
 	case r.kvSlots <- struct{}{}:
 		defer func() { <-r.kvSlots }()
-	case <-ctx.Done():
-		return to.id, ctx.Err()
+	default:
+		if why == Replica {
+			r.kv.transfers.WithLabelValues("sent", "skipped").Inc()
+			return to.id, ErrBusy
+		}
+		select {
+		case r.kvSlots <- struct{}{}:
+			defer func() { <-r.kvSlots }()
+		case <-ctx.Done():
+			return to.id, ctx.Err()
+		}
+	}
+	path := KVPath
+	if why == Replica {
+		path = ReplicaPath
 	}
 	start := r.clock.Now()
-	err := r.sendKV(ctx, to, frame)
+	err := r.sendKV(ctx, to, path, frame)
 	r.ObserveKV("sent", len(frame), r.clock.Now().Sub(start), err)
 	return to.id, err
 }
 
-func (r *Router) sendKV(ctx context.Context, c candidate, frame []byte) error {
+func (r *Router) sendKV(ctx context.Context, c candidate, path string, frame []byte) error {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.KVTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, "POST", peerURL(c.addr, KVPath), bytes.NewReader(frame))
+	req, err := http.NewRequestWithContext(ctx, "POST", peerURL(c.addr, path), bytes.NewReader(frame))
 	if err != nil {
 		return err
 	}
 	req.Header.Set("Content-Type", "application/octet-stream")
-	r.auth.sign(req.Header.Set, "POST", KVPath, r.cfg.Self, c.id, frame)
+	r.auth.sign(req.Header.Set, "POST", path, r.cfg.Self, c.id, frame)
 	resp, err := r.client.Do(req)
 	if err != nil {
 		return fmt.Errorf("push KV to %s: %w", c.id, err)
