@@ -104,7 +104,7 @@ func TestJoinHandsOffKV(t *testing.T) {
 
 // settledTransfers waits until the KV frames the nodes given have taken stop growing (none
 // for 3s) and returns how many they took.
-func settledTransfers(t *testing.T, c *Cluster, nodes ...*Node) float64 {
+func settledTransfers(t testing.TB, c *Cluster, nodes ...*Node) float64 {
 	t.Helper()
 	received := func() float64 {
 		sum := 0.0

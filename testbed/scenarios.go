@@ -14,32 +14,35 @@ func shortLoad(seed uint64) Workload {
 }
 
 // Near-ties (nearTie) on stories260K: 2-17% of 200-token answers differed from the
-// reference at one, in runs of the short suite; a quarter bounds it with room.
+// reference at one, in runs of the short suite; with KV replicas on, one leave-join run
+// had 26% (14 of 54, gaps at most 0.01: imports and evictions scatter a sequence's cells
+// in the unified pool, and attention sums over them in another order). Every one of them
+// is proven a near-tie; the share is bounded at 35%.
 
 // ShortSuite runs in make test: a few minutes at most, one fault family a scenario, on a
 // real model (every answer is compared with a reference). The namespace scenarios need
 // root. Faults leave every detection room to finish before the next one.
 func ShortSuite(seed uint64) []Scenario {
 	return []Scenario{
-		{Name: "kill-restart", Nodes: 3, Workload: shortLoad(seed), MaxFailures: 8, MinResumes: 1, MinAffinity: 3, MaxNearTies: 0.25,
+		{Name: "kill-restart", Nodes: 3, Workload: shortLoad(seed), MaxFailures: 8, MinResumes: 1, MinAffinity: 3, MaxNearTies: 0.35,
 			Doc: "kill -9 the owner of streams in flight, restart it 3.5s later",
 			Faults: []Fault{{At: 1500 * time.Millisecond, Kind: "kill", Node: Busiest},
 				{At: 5 * time.Second, Kind: "restart", Node: Busiest}}},
-		{Name: "pause-resume", Nodes: 3, Workload: shortLoad(seed), MaxFailures: 4, MinResumes: 1, MinAffinity: 3, MaxNearTies: 0.25,
+		{Name: "pause-resume", Nodes: 3, Workload: shortLoad(seed), MaxFailures: 4, MinResumes: 1, MinAffinity: 3, MaxNearTies: 0.35,
 			Doc: "SIGSTOP the owner of streams in flight (alive but silent) for 3.5s, then SIGCONT",
 			Faults: []Fault{{At: 1500 * time.Millisecond, Kind: "pause", Node: Busiest},
 				{At: 5 * time.Second, Kind: "resume", Node: Busiest}}},
-		{Name: "leave-join", Nodes: 3, Workload: shortLoad(seed), MaxFailures: 0, NoResumes: true, MinAffinity: 3, MaxNearTies: 0.25,
+		{Name: "leave-join", Nodes: 3, Workload: shortLoad(seed), MaxFailures: 0, NoResumes: true, MinAffinity: 3, MaxNearTies: 0.35,
 			Doc:    "a node leaves gracefully (SIGTERM), then a new node joins mid-run: nothing fails, nothing resumes",
 			Faults: []Fault{{At: 1500 * time.Millisecond, Kind: "leave", Node: 1}, {At: 3500 * time.Millisecond, Kind: "join"}}},
 		overload(seed),
-		{Name: "partition-heal", Nodes: 3, Netns: true, Workload: shortLoad(seed), MaxFailures: 8, MinResumes: 1, MinAffinity: 3, MaxNearTies: 0.25,
+		{Name: "partition-heal", Nodes: 3, Netns: true, Workload: shortLoad(seed), MaxFailures: 8, MinResumes: 1, MinAffinity: 3, MaxNearTies: 0.35,
 			Doc: "cut the owner of streams in flight off from the others (namespaces, nftables), heal after 3s",
 			Faults: []Fault{{At: 1500 * time.Millisecond, Kind: "isolate", Node: Busiest},
 				// The isolated node may have been declared dead: it is back after its next re-join
 				// of the seeds (every 5s).
 				{At: 4500 * time.Millisecond, Kind: "heal", Node: Busiest, Detect: 10 * time.Second}}},
-		{Name: "loss", Nodes: 3, Netns: true, Workload: shortLoad(seed), MaxFailures: 4, MinAffinity: 3, MaxNearTies: 0.25,
+		{Name: "loss", Nodes: 3, Netns: true, Workload: shortLoad(seed), MaxFailures: 4, MinAffinity: 3, MaxNearTies: 0.35,
 			Doc:    "20% packet loss on one node's traffic to its peers for 3s",
 			Faults: []Fault{{At: time.Second, Kind: "loss", Node: 1, Amount: 20}, {At: 4 * time.Second, Kind: "heal", Node: 1}}},
 	}
@@ -54,7 +57,7 @@ func overload(seed uint64) Scenario {
 	burst.Concurrency, burst.Duration, burst.MaxTokens, burst.HonorRetry = 4*nodes*sequences, 10*time.Second, 100, true
 	base := burst
 	base.Concurrency, base.Seed = nodes*sequences, seed+1
-	return Scenario{Name: "overload", Nodes: nodes, Workload: burst, MaxFailures: 1 << 30, NoResumes: true, MaxNearTies: 0.25,
+	return Scenario{Name: "overload", Nodes: nodes, Workload: burst, MaxFailures: 1 << 30, NoResumes: true, MaxNearTies: 0.35,
 		Doc: fmt.Sprintf("a burst of %d clients (4x the sequences of %d nodes, each queueing %d) for 10s: refused with Retry-After, never taken for dead",
 			burst.Concurrency, nodes, queue),
 		Args: []string{"--sequences", fmt.Sprint(sequences), "--max-queue", fmt.Sprint(queue)},
@@ -71,7 +74,7 @@ func LongSuite(seed uint64) []Scenario {
 	load := Workload{Conversations: 2000, Turns: 2, Concurrency: 8, Duration: 60 * time.Second, MaxTokens: 200,
 		StreamShare: 0.7, Timeout: 60 * time.Second, Seed: seed}
 	return []Scenario{
-		{Name: "everything", Nodes: 5, Netns: true, Workload: load, MaxFailures: 60, MinResumes: 3, MinAffinity: 10, MaxNearTies: 0.25,
+		{Name: "everything", Nodes: 5, Netns: true, Workload: load, MaxFailures: 60, MinResumes: 3, MinAffinity: 10, MaxNearTies: 0.35,
 			Doc: "kill, pause, isolation, two halves, one-way drop, loss, bandwidth, delay, join and leave, overlapping",
 			Faults: []Fault{
 				{At: at(5), Kind: "kill", Node: 1},
