@@ -198,19 +198,19 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, c *completion, submit submit
 		writeError(ctx, err)
 		return
 	}
+	// ended runs when the answer is complete, before its last bytes go out: a turn served
+	// here keeps its conversation warm elsewhere (see keepWarm) before the client can send
+	// the next one.
+	ended := func() {}
 	if _, forwarded := st.(routing.Server); !forwarded {
-		// Served here: once the turn has ended well, a replica of the conversation's KV
-		// goes to the node that would take it over.
-		release := done
-		done = func() {
-			release()
+		ended = func() {
 			if st.Result().Err == nil {
-				s.replicate(c.req.SessionID)
+				s.keepWarm(c.req.SessionID)
 			}
 		}
 	}
 	if c.internal {
-		s.answerHop(ctx, st, cancel, done)
+		s.answerHop(ctx, st, cancel, done, ended)
 		return
 	}
 	if !c.stream {
@@ -220,6 +220,7 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, c *completion, submit submit
 			writeError(ctx, err)
 			return
 		}
+		ended()
 		s.setGenerationHeaders(ctx, st)
 		if r, ok := st.(routing.Resumer); ok && r.Resumes() > 0 {
 			ctx.Response.Header.Set("X-Infernode-Resumed", strconv.Itoa(r.Resumes()))
@@ -239,7 +240,7 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, c *completion, submit submit
 	s.metrics.ttft.WithLabelValues(c.endpoint).Observe(time.Since(c.start).Seconds())
 	s.setGenerationHeaders(ctx, st)
 	s.streamBody(ctx, "text/event-stream", true, cancel, done, func(sse *sseWriter) error {
-		return s.stream(sse, st, c, first, err)
+		return s.stream(sse, st, c, first, err, ended)
 	})
 }
 
@@ -248,7 +249,7 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, c *completion, submit submit
 // entry node then knows the owner is working); keep-alive lines follow until the first
 // token. A refusal before that (overloaded, not ready) keeps its status, so the entry node
 // can try the next owner.
-func (s *Server) answerHop(ctx *fasthttp.RequestCtx, st infer.Stream, cancel context.CancelCauseFunc, done func()) {
+func (s *Server) answerHop(ctx *fasthttp.RequestCtx, st infer.Stream, cancel context.CancelCauseFunc, done, ended func()) {
 	keepAlive := s.router.KeepAlive()
 	a := routing.NewAnswer(st)
 	if err := a.Wait(keepAlive); err != nil {
@@ -259,7 +260,7 @@ func (s *Server) answerHop(ctx *fasthttp.RequestCtx, st infer.Stream, cancel con
 	}
 	s.setGenerationHeaders(ctx, st)
 	s.streamBody(ctx, "application/x-ndjson", false, cancel, done, func(w *sseWriter) error {
-		return a.Write(w.data, keepAlive, hopError)
+		return a.Write(w.data, keepAlive, hopError, ended)
 	})
 }
 
@@ -317,7 +318,7 @@ func (s *Server) observePiece(c *completion, last *time.Time) {
 // stream writes an SSE answer: the first piece, every later one, then the final chunk
 // (and usage) and [DONE]; or an error event if generation failed. It returns a write error
 // when the client is gone or too slow.
-func (s *Server) stream(sse *sseWriter, st infer.Stream, c *completion, first string, firstErr error) error {
+func (s *Server) stream(sse *sseWriter, st infer.Stream, c *completion, first string, firstErr error, ended func()) error {
 	if c.chat {
 		if err := sse.event(c.chunk("", true, nil)); err != nil {
 			return err
@@ -355,6 +356,7 @@ func (s *Server) stream(sse *sseWriter, st infer.Stream, c *completion, first st
 		s.log.Warn("stream failed", "id", c.id, "err", res.Err)
 		return sse.data(errorBody(e))
 	}
+	ended()
 	// The hop count, known only now that every leg has answered; headers went with the
 	// first token.
 	if err := sse.comment("infernode-hops " + strconv.Itoa(hops(st))); err != nil {

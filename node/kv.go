@@ -110,22 +110,36 @@ func (s *Server) followRing(ctx context.Context, settle time.Duration) {
 	}
 }
 
-// replicate copies a conversation's KV, after a turn served here, to the node that would
-// take the conversation over if this one failed. It runs in the background and gives up
-// when transfers are busy: a replica never delays serving.
-func (s *Server) replicate(key string) {
-	if s.router == nil || s.cfg.Replicas == 0 || key == "" {
+// keepWarm keeps a conversation's KV, after a turn served here, on the node that would
+// serve its next turn if this one were gone: while this node drains, its owner once this
+// node has left; otherwise (with replicas on) the node that takes over if this one dies,
+// as a replica. It runs when the answer is complete but before its end reaches the client,
+// so the next turn cannot overtake it; it adds no time to any token, only to the answer's
+// last event (the push's own time: a replica is skipped when transfers are busy, and gives
+// up after 2s).
+func (s *Server) keepWarm(key string) {
+	if s.router == nil || key == "" {
 		return
 	}
-	go func() {
-		ctx, cancel := context.WithTimeout(s.base, 30*time.Second)
-		defer cancel()
-		var frame bytes.Buffer
-		if _, err := s.engine.Export(ctx, key, &frame); err != nil {
-			return // a next turn already runs, or it was evicted: nothing current to copy
-		}
-		if peer, err := s.router.PushKV(ctx, key, frame.Bytes(), routing.Replica); err != nil && !errors.Is(err, routing.ErrBusy) && !errors.Is(err, routing.ErrNoOwner) {
-			s.log.Debug("replica not sent", "session", key, "peer", peer, "err", err)
-		}
-	}()
+	why := routing.Replica
+	switch {
+	case s.isDraining():
+		why = routing.Leaving
+	case s.cfg.Replicas == 0:
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	s.push(ctx, key, why)
+}
+
+// push exports a conversation and pushes it where why says.
+func (s *Server) push(ctx context.Context, key string, why routing.Push) {
+	var frame bytes.Buffer
+	if _, err := s.engine.Export(ctx, key, &frame); err != nil {
+		return // a next turn already runs, or it was evicted: nothing current to copy
+	}
+	if peer, err := s.router.PushKV(ctx, key, frame.Bytes(), why); err != nil && !errors.Is(err, routing.ErrBusy) && !errors.Is(err, routing.ErrNoOwner) {
+		s.log.Debug("KV not pushed", "session", key, "peer", peer, "err", err)
+	}
 }

@@ -128,17 +128,18 @@ func (s *Server) Run(ctx context.Context) error {
 	errc := make(chan error, 1)
 	go func() { errc <- s.http.Serve(ln) }()
 	if s.router != nil {
-		go s.followRing(ctx, time.Second) // a join comes with a burst of ring changes
+		go s.followRing(ctx, 300*time.Millisecond) // a join comes with a short burst of ring changes
 	}
 	select {
 	case err := <-errc:
 		return fmt.Errorf("serve: %w", err)
 	case <-ctx.Done():
 	}
+	// Keep accepting while draining: /readyz says 503, and what still arrives (a client
+	// that has not noticed, a request already on a kept-alive connection) is handed to
+	// the next owner rather than refused or cut.
 	s.log.Info("draining", "timeout", s.cfg.DrainTimeout)
 	drained := s.drain()
-	shutdown := make(chan error, 1)
-	go func() { shutdown <- s.http.Shutdown() }() // stops accepting at once
 	select {
 	case <-drained:
 	case <-time.After(s.cfg.DrainTimeout):
@@ -146,8 +147,9 @@ func (s *Server) Run(ctx context.Context) error {
 		s.cancelBase()
 		<-drained
 	}
+	err := s.http.Shutdown() // stops accepting, closes idle connections, waits for the rest
 	s.Close()
-	if err := <-shutdown; err != nil {
+	if err != nil {
 		return fmt.Errorf("shutdown: %w", err)
 	}
 	s.log.Info("stopped")

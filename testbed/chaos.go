@@ -281,6 +281,7 @@ func RunScenario(ctx context.Context, cfg Config, s Scenario) (*Report, error) {
 	c.checkDetection(rep)
 	c.checkRecords(rep, s)
 	c.checkAffinity(rep, s)
+	c.checkWarm(rep)
 	if s.Overload != nil {
 		checkOverload(rep, s)
 	}
@@ -606,6 +607,56 @@ func (c *Cluster) checkRecords(rep *Report, s Scenario) {
 			Detail: fmt.Sprintf("%d resumed (minimum %d, none allowed: %v)", rep.Resumed, s.MinResumes, s.NoResumes)},
 		Check{Name: "every answer took at most one hop", Pass: len(hops) == 0,
 			Detail: fmt.Sprintf("%d answers checked; bad: %v", rep.Completed, firstN(hops, 5))})
+}
+
+// checkWarm: a conversation moved by a planned change (its turn before the change ran on
+// the node that left, or on another node than the one that joined and its next turn ran
+// there after the join) resumes from cache on its new owner: that turn reports cached
+// tokens. A leaving node hands its caches off and its replicas are already there, so every
+// such turn after a leave must be warm; after a join the old owners push once their rings
+// have been quiet for 300ms, so the turns that came sooner are counted, not failed.
+func (c *Cluster) checkWarm(rep *Report) {
+	byConv := map[int][]Record{}
+	for _, r := range rep.Records {
+		if r.Kind == "ok" {
+			byConv[r.Conv] = append(byConv[r.Conv], r)
+		}
+	}
+	var cold []string
+	leaves, leavesWarm, joins, joinsWarm := 0, 0, 0, 0
+	for _, a := range rep.Faults {
+		if a.Fault.Kind != "leave" && a.Fault.Kind != "join" {
+			continue
+		}
+		id := c.Nodes[a.Fault.Node].ID
+		for conv, recs := range byConv {
+			slices.SortFunc(recs, func(x, y Record) int { return x.Turn - y.Turn })
+			for i := 1; i < len(recs); i++ {
+				prev, next := recs[i-1], recs[i]
+				if next.Turn != prev.Turn+1 || !next.Start.After(a.Time) || prev.Start.After(a.Time) {
+					continue
+				}
+				warm := next.Cached > 0
+				switch {
+				case a.Fault.Kind == "leave" && prev.Served == id && next.Served != id:
+					leaves++
+					if warm {
+						leavesWarm++
+					} else {
+						cold = append(cold, fmt.Sprintf("conv %d turn %d on %s after %s left: 0 cached", conv, next.Turn, next.Served, id))
+					}
+				case a.Fault.Kind == "join" && prev.Served != id && next.Served == id:
+					joins++
+					if warm {
+						joinsWarm++
+					}
+				}
+			}
+		}
+	}
+	rep.Checks = append(rep.Checks, Check{Name: "conversations moved by a planned change resume warm", Pass: len(cold) == 0,
+		Detail: fmt.Sprintf("after a leave %d of %d warm; after a join %d of %d warm (not failed: pushed once the ring has been quiet for 300ms); cold: %v",
+			leavesWarm, leaves, joinsWarm, joins, firstN(cold, 5))})
 }
 
 // checkAffinity: a conversation whose turns all ran while the rings were converged (no

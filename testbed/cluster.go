@@ -67,6 +67,7 @@ type Node struct {
 	done    chan struct{}
 	err     error
 	leaving bool // sent SIGTERM: draining, not an entry for new requests
+	ready   bool // its /readyz has answered 200 since it started
 }
 
 // Start launches the cluster: the first node, then the others joining it.
@@ -161,7 +162,7 @@ func (n *Node) start(ctx context.Context) error {
 	}
 	done := make(chan struct{})
 	n.mu.Lock()
-	n.cmd, n.done, n.leaving = cmd, done, false
+	n.cmd, n.done, n.leaving, n.ready = cmd, done, false, false
 	n.mu.Unlock()
 	addrs := make(chan [2]string, 2)
 	go func() {
@@ -248,14 +249,31 @@ func (n *Node) signal(sig syscall.Signal) error {
 	return n.cmd.Process.Signal(sig)
 }
 
-// Serving reports whether the node takes new requests: running, and not told to leave. A
-// client's load balancer stops sending to a node once it drains (its /readyz says so).
+// Serving reports whether the node takes new requests, as a client's load balancer sees
+// it: running, its /readyz has said 200 since it started (a node that just joined loads
+// its model first), and not told to leave (a draining node's /readyz says 503).
 func (n *Node) Serving() bool {
 	n.mu.Lock()
-	leaving := n.leaving
+	leaving, ready := n.leaving, n.ready
 	n.mu.Unlock()
-	return !leaving && n.Running()
+	if leaving || !n.Running() {
+		return false
+	}
+	if !ready {
+		resp, err := readyClient.Get(n.URL() + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		n.mu.Lock()
+		n.ready = resp.StatusCode == 200
+		ready = n.ready
+		n.mu.Unlock()
+	}
+	return ready
 }
+
+var readyClient = &http.Client{Timeout: time.Second}
 
 // Kill sends SIGKILL and waits for the process to exit.
 func (n *Node) Kill() {

@@ -54,6 +54,7 @@ type Record struct {
 	End      time.Time     `json:"end"`
 	TTFT     time.Duration `json:"ttft_ns"`
 	Tokens   int           `json:"tokens"`
+	Cached   int           `json:"cached_tokens"` // prompt tokens the serving node found in its KV cache
 	Resumed  bool          `json:"resumed"`
 	Seams    []int         `json:"seams,omitempty"` // byte offsets in Text where the answer resumed elsewhere
 	Text     string        `json:"-"`
@@ -159,6 +160,7 @@ func request(ctx context.Context, client *http.Client, entry *Node, msgs []messa
 	}
 	defer resp.Body.Close()
 	r.Status, r.Served = resp.StatusCode, resp.Header.Get("X-Infernode-Node")
+	r.Cached, _ = strconv.Atoi(resp.Header.Get("X-Infernode-Cached-Tokens"))
 	if resp.StatusCode != 200 {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		r.Kind, r.Error = "http_error", strings.TrimSpace(string(b))

@@ -345,7 +345,7 @@ func (p *peer) serveHop(w http.ResponseWriter, req *http.Request) {
 		lines++
 		_, err := w.Write(append(b, '\n'))
 		return err
-	}, p.router.cfg.KeepAlive, testError)
+	}, p.router.cfg.KeepAlive, testError, func() {})
 }
 
 func testError(err error) *Error {

@@ -230,9 +230,10 @@ func (a *Answer) Close() { close(a.quit) }
 
 // Write streams the answer through write, one line each: text events, a keep-alive line
 // every keepAlive until the first text, then Done or Error. toError turns the engine's
-// errors into what the entry node is told. It returns write's first error (the entry node
+// errors into what the entry node is told; ended runs after the last text of an answer
+// that succeeded, before Done goes out. It returns write's first error (the entry node
 // went away) and closes the answer.
-func (a *Answer) Write(write func(line []byte) error, keepAlive time.Duration, toError func(error) *Error) error {
+func (a *Answer) Write(write func(line []byte) error, keepAlive time.Duration, toError func(error) *Error, ended func()) error {
 	defer a.Close()
 	event := func(ev Event) error {
 		b, err := json.Marshal(ev)
@@ -279,6 +280,7 @@ func (a *Answer) Write(write func(line []byte) error, keepAlive time.Duration, t
 	if res.Err != nil {
 		return event(Event{Error: toError(res.Err)})
 	}
+	ended()
 	return event(Event{Done: &Done{FinishReason: res.FinishReason, PromptTokens: res.PromptTokens,
 		CachedTokens: res.CachedTokens, CompletionTokens: res.CompletionTokens, Logprobs: res.Logprobs}})
 }
