@@ -105,7 +105,10 @@ func (e *Engine) install(key string, tokens []int32, state []byte, replica bool)
 		}
 	}
 	if target != nil && len(target.tokens) >= len(tokens) {
-		return nil // the copy here is as long (a later turn ran here): keep it
+		// The copy here is as long (the same turn's replica, or a later turn ran here):
+		// keep it, but as what the frame says it is now (a replica becomes this node's).
+		target.replica = target.replica && replica
+		return nil
 	}
 	if target == nil {
 		for _, s := range e.slots {
