@@ -163,14 +163,18 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, c *completion, submit submit
 		return
 	}
 	if s.begin() {
-		// Draining: a peer's hop is refused as busy (its entry node tries the next owner);
-		// a client's request goes to the next owner from here, never to this engine.
-		if c.internal || s.router == nil {
+		// Draining. A peer's hop (sent before its ring dropped this node) is served here,
+		// where the conversation's cache is, and the cache moves to its next owner as the
+		// answer ends (keepWarm); a client's request goes to the next owner from here.
+		switch {
+		case c.internal:
+		case s.router != nil:
+			submit = s.router.Handoff
+		default:
 			s.end()
 			writeError(ctx, errNotReady)
 			return
 		}
-		submit = s.router.Handoff
 	}
 	select {
 	case s.slots <- struct{}{}:
