@@ -5,7 +5,7 @@
 //
 // node composes the other packages. It does no inference (session's), routes nothing
 // itself (a clustered node hands client requests to node/routing, and serves the hop by
-// calling routing.Accept and routing.WriteAnswer), and reads no flags or environment
+// calling routing.Accept and routing.Answer), and reads no flags or environment
 // (cmd/infernode's). It depends on the engine only through its plain types (session/infer),
 // so it builds and tests without cgo.
 package node

@@ -13,5 +13,5 @@
 // provides it), an http.RoundTripper and a Clock, all injected, so its logic is tested in
 // milliseconds with fakes. It knows nothing of the OpenAI API (node's) or of llama.cpp
 // (session's), and it builds no HTTP server: node serves the hop's endpoint and calls
-// Accept and WriteAnswer.
+// Accept and an Answer (and Authenticate for KV frames).
 package routing
