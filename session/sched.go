@@ -439,6 +439,9 @@ func (e *Engine) publishStats(counters *Stats) {
 			s.KVUsed += e.lctx.SeqPosMax(sl.seq) + 1
 			if sl.job == nil && len(sl.tokens) > 0 {
 				s.Conversations++
+				if sl.replica {
+					s.Replicas++
+				}
 			}
 		}
 	}

@@ -155,6 +155,17 @@ func TestCrashFailoverKV(t *testing.T) {
 		convs = append(convs, conv{m, chat(t, entry.URL(), m, 60)})
 	}
 	replicas := settledTransfers(t, c, entry, other)
+	held := 0.0
+	for _, n := range []*Node{entry, other} {
+		v, err := c.Metric(n, "infernode_kv_replicas")
+		if err != nil {
+			t.Fatal(err)
+		}
+		held += v
+	}
+	if held < float64(len(convs)) {
+		t.Errorf("the survivors hold %v replicas, want at least the %d conversations'", held, len(convs))
+	}
 	victim.Kill()
 	if _, err := c.WaitRings(t.Context(), c.IDs(entry, other), 10*time.Second, victim); err != nil {
 		t.Fatal(err)

@@ -231,7 +231,8 @@ type Stats struct {
 	Sequences      int // sequence slots
 	Running        int // requests being prefilled or decoded
 	Waiting        int // requests queued for admission
-	Conversations  int // idle conversations with cached KV
+	Conversations  int // idle conversations with cached KV, replicas included
+	Replicas       int // of them, copies kept for other nodes' conversations
 	KVCells        int // cells in the KV cache
 	KVUsed         int // cells holding tokens, as llama.cpp reports
 	PromptTokens   uint64
