@@ -55,8 +55,7 @@ func (s *Server) handleInternal(ctx *fasthttp.RequestCtx) {
 		writeError(ctx, errNotFound)
 		return
 	}
-	hop, err := s.router.Accept(routing.Inbound{Method: string(ctx.Method()), Path: string(ctx.Path()), Body: ctx.PostBody(),
-		Header: func(name string) string { return string(ctx.Request.Header.Peek(name)) }})
+	hop, err := s.router.Accept(inbound(ctx))
 	if err != nil {
 		writeError(ctx, err)
 		return
@@ -67,6 +66,12 @@ func (s *Server) handleInternal(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	s.generate(ctx, c, s.engine.Submit)
+}
+
+// inbound is a peer's request as routing authenticates it.
+func inbound(ctx *fasthttp.RequestCtx) routing.Inbound {
+	return routing.Inbound{Method: string(ctx.Method()), Path: string(ctx.Path()), Body: ctx.PostBody(),
+		Header: func(name string) string { return string(ctx.Request.Header.Peek(name)) }}
 }
 
 func (s *Server) parseCompletion(ctx *fasthttp.RequestCtx, chat bool) (*completion, error) {

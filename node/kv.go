@@ -23,8 +23,7 @@ func (s *Server) handleKV(ctx *fasthttp.RequestCtx, replica bool) {
 		return
 	}
 	body := ctx.PostBody()
-	if err := s.router.Authenticate(routing.Inbound{Method: string(ctx.Method()), Path: string(ctx.Path()), Body: body,
-		Header: func(name string) string { return string(ctx.Request.Header.Peek(name)) }}); err != nil {
+	if err := s.router.Authenticate(inbound(ctx)); err != nil {
 		writeError(ctx, err)
 		return
 	}
@@ -62,25 +61,18 @@ func (s *Server) HandOff(ctx context.Context, leaving bool) (moved, failed int) 
 		if !leaving && s.router.Owns(key) {
 			continue
 		}
-		var frame bytes.Buffer
-		if _, err := s.engine.Export(ctx, key, &frame); err != nil {
-			if !errors.Is(err, infer.ErrNotCached) { // running a turn, or evicted since: nothing to move
-				failed++
-				s.log.Warn("hand-off: export failed", "session", key, "err", err)
-			}
-			continue
-		}
 		why := routing.ToOwner
 		if leaving {
 			why = routing.Leaving
 		}
-		peer, err := s.router.PushKV(ctx, key, frame.Bytes(), why)
-		if err != nil {
+		switch peer, err := s.push(ctx, key, why); {
+		case errors.Is(err, infer.ErrNotCached): // running a turn, or evicted since: nothing to move
+		case err != nil:
 			failed++
-			s.log.Warn("hand-off: push failed", "session", key, "peer", peer, "err", err)
-			continue
+			s.log.Warn("hand-off failed", "session", key, "peer", peer, "err", err)
+		default:
+			moved++
 		}
-		moved++
 	}
 	if moved+failed > 0 {
 		s.log.Info("hand-off", "leaving", leaving, "moved", moved, "failed", failed, "took", time.Since(start).Round(time.Millisecond))
@@ -130,16 +122,18 @@ func (s *Server) keepWarm(key string) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	s.push(ctx, key, why)
-}
-
-// push exports a conversation and pushes it where why says.
-func (s *Server) push(ctx context.Context, key string, why routing.Push) {
-	var frame bytes.Buffer
-	if _, err := s.engine.Export(ctx, key, &frame); err != nil {
-		return // a next turn already runs, or it was evicted: nothing current to copy
-	}
-	if peer, err := s.router.PushKV(ctx, key, frame.Bytes(), why); err != nil && !errors.Is(err, routing.ErrBusy) && !errors.Is(err, routing.ErrNoOwner) {
+	peer, err := s.push(ctx, key, why)
+	if err != nil && !errors.Is(err, infer.ErrNotCached) && !errors.Is(err, routing.ErrBusy) && !errors.Is(err, routing.ErrNoOwner) {
 		s.log.Debug("KV not pushed", "session", key, "peer", peer, "err", err)
 	}
+}
+
+// push exports a conversation and pushes it where why says, returning the peer it went
+// to. ErrNotCached: nothing idle to copy (a next turn already runs, or it was evicted).
+func (s *Server) push(ctx context.Context, key string, why routing.Push) (string, error) {
+	var frame bytes.Buffer
+	if _, err := s.engine.Export(ctx, key, &frame); err != nil {
+		return "", err
+	}
+	return s.router.PushKV(ctx, key, frame.Bytes(), why)
 }

@@ -95,51 +95,27 @@ func (e *Engine) Import(ctx context.Context, r io.Reader, replica bool) (ImportR
 // else the least recently used idle one, evicting idle conversations for cells as
 // admission would. Engine goroutine only.
 func (e *Engine) install(key string, tokens []int32, state []byte, replica bool) error {
-	var target *slot
 	for _, s := range e.slots {
 		if s.key == key && s.job != nil {
 			return fmt.Errorf("%w: conversation %q is running a turn here", ErrOverloaded, key)
 		}
-		if s.key == key {
-			target = s
-		}
 	}
-	if target != nil && len(target.tokens) >= len(tokens) {
+	target := e.slotFor(key)
+	if target == nil {
+		return fmt.Errorf("%w: every sequence is running", ErrOverloaded)
+	}
+	if target.key == key && len(target.tokens) >= len(tokens) {
 		// The copy here is as long (the same turn's replica, or a later turn ran here):
 		// keep it, but as what the frame says it is now (a replica becomes this node's).
 		target.replica = target.replica && replica
 		return nil
 	}
-	if target == nil {
-		for _, s := range e.slots {
-			if s.job == nil && len(s.tokens) == 0 {
-				target = s
-				break
-			}
-		}
+	evict, ok := e.roomFor(target, len(tokens))
+	if !ok {
+		return fmt.Errorf("%w: no room for %d cells", ErrOverloaded, len(tokens))
 	}
-	if target == nil {
-		target = e.lru(nil)
-	}
-	if target == nil {
-		return fmt.Errorf("%w: every sequence is running", ErrOverloaded)
-	}
-	if e.cfg.UnifiedKV {
-		used := e.claimed() - len(target.tokens)
-		exclude := []*slot{target}
-		var evict []*slot
-		for used+len(tokens) > e.cells {
-			victim := e.lru(exclude)
-			if victim == nil {
-				return fmt.Errorf("%w: no room for %d cells", ErrOverloaded, len(tokens))
-			}
-			used -= len(victim.tokens)
-			exclude = append(exclude, victim)
-			evict = append(evict, victim)
-		}
-		for _, v := range evict {
-			e.drop(v)
-		}
+	for _, v := range evict {
+		e.drop(v)
 	}
 	e.drop(target)
 	if err := e.lctx.SetSeqState(target.seq, state); err != nil {

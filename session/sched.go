@@ -54,26 +54,8 @@ type placement struct {
 // pool it also checks cells: every running request holds its claim, idle conversations
 // hold their tokens and are evicted LRU-first as needed to make room for j's first claim.
 func (e *Engine) place(j *job) (placement, bool) {
-	var p placement
 	key := j.req.SessionID
-	if key != "" {
-		for _, s := range e.slots {
-			if s.key == key && s.job == nil {
-				p.slot = s
-			}
-		}
-	}
-	if p.slot == nil {
-		for _, s := range e.slots {
-			if s.job == nil && len(s.tokens) == 0 {
-				p.slot = s
-				break
-			}
-		}
-	}
-	if p.slot == nil {
-		p.slot = e.lru(nil)
-	}
+	p := placement{slot: e.slotFor(key)}
 	if p.slot == nil {
 		return p, false // every slot is running
 	}
@@ -82,21 +64,54 @@ func (e *Engine) place(j *job) (placement, bool) {
 		// The last prompt token is always decoded again: its logits start generation.
 		p.reuse = min(p.reuse, len(j.prompt)-1)
 	}
-	if !e.cfg.UnifiedKV {
-		return p, true // each sequence has its own partition, and max tokens fits it
+	var ok bool
+	p.evict, ok = e.roomFor(p.slot, e.firstClaim(j))
+	return p, ok
+}
+
+// slotFor is the slot a conversation's request or import goes to: the conversation's own
+// idle slot, else an empty one, else the idle one to evict first (see lru); nil when every
+// slot is running.
+func (e *Engine) slotFor(key string) *slot {
+	var own *slot
+	if key != "" {
+		for _, s := range e.slots {
+			if s.key == key && s.job == nil {
+				own = s
+			}
+		}
 	}
-	used := e.claimed() - len(p.slot.tokens)
-	exclude := []*slot{p.slot}
-	for used+e.firstClaim(j) > e.cells {
+	if own != nil {
+		return own
+	}
+	for _, s := range e.slots {
+		if s.job == nil && len(s.tokens) == 0 {
+			return s
+		}
+	}
+	return e.lru(nil)
+}
+
+// roomFor is the idle conversations to evict, least recently used first, so that target
+// (whose own tokens go) can hold cells in a unified pool; ok is false when evicting every
+// idle conversation would not make room. Without a unified pool each sequence has its own
+// partition, which a request's token limit and an import's tokens fit.
+func (e *Engine) roomFor(target *slot, cells int) (evict []*slot, ok bool) {
+	if !e.cfg.UnifiedKV {
+		return nil, true
+	}
+	used := e.claimed() - len(target.tokens)
+	exclude := []*slot{target}
+	for used+cells > e.cells {
 		victim := e.lru(exclude)
 		if victim == nil {
-			return p, false
+			return nil, false
 		}
 		used -= len(victim.tokens)
 		exclude = append(exclude, victim)
-		p.evict = append(p.evict, victim)
+		evict = append(evict, victim)
 	}
-	return p, true
+	return evict, true
 }
 
 // firstClaim is the cells a request claims at admission: its prompt and a share of the

@@ -257,12 +257,11 @@ func RunScenario(ctx context.Context, cfg Config, s Scenario) (*Report, error) {
 	sampling := make(chan struct{})
 	var sampled sync.WaitGroup
 	sampled.Go(func() { rep.Rings = c.sampleRings(ctx, sampling) })
-	work, err := c.measureWork(func() { rep.Records = c.RunWorkload(ctx, s.Workload, c.serving) })
-	if err != nil {
+	workload := func() { rep.Records = c.RunWorkload(ctx, s.Workload, c.serving) }
+	if rep.Overload == nil {
+		workload()
+	} else if rep.Overload.BurstWork, err = c.measureWork(workload); err != nil {
 		return nil, err
-	}
-	if rep.Overload != nil {
-		rep.Overload.BurstWork = work
 	}
 	<-faultsDone
 	measures.Wait()
@@ -329,24 +328,12 @@ func errText(err error) string {
 
 // running is the nodes running now.
 func (c *Cluster) running() []*Node {
-	var out []*Node
-	for _, n := range c.Nodes {
-		if n.Running() {
-			out = append(out, n)
-		}
-	}
-	return out
+	return slices.DeleteFunc(slices.Clone(c.Nodes), func(n *Node) bool { return !n.Running() })
 }
 
 // serving are the nodes that take new requests (see Node.Serving).
 func (c *Cluster) serving() []*Node {
-	var out []*Node
-	for _, n := range c.Nodes {
-		if n.Serving() {
-			out = append(out, n)
-		}
-	}
-	return out
+	return slices.DeleteFunc(slices.Clone(c.Nodes), func(n *Node) bool { return !n.Serving() })
 }
 
 // sampleRings records every running node's ring size four times a second until stop.

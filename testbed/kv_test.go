@@ -14,28 +14,7 @@ import (
 func TestLeaveHandsOffKV(t *testing.T) {
 	c := startCluster(t, 3)
 	entry, victim, other := c.Nodes[0], c.Nodes[1], c.Nodes[2]
-	type conv struct {
-		msgs []message
-		want answer // the next turn, as the old owner answered it
-	}
-	var convs []conv
-	for i := 0; len(convs) < 3 && i < 200; i++ {
-		m := []message{{"system", fmt.Sprintf("story %d: %s", i, strings.Repeat("a long and winding tale ", 20))}, {"user", "begin"}}
-		first := chat(t, entry.URL(), m, 1)
-		if first.node != victim.ID {
-			continue
-		}
-		first = chat(t, entry.URL(), m, 120)
-		m = append(m, message{"assistant", first.text}, message{"user", "go on"})
-		want := chat(t, entry.URL(), m, 60)
-		if want.node != victim.ID || want.cached == 0 {
-			t.Fatalf("the second turn ran on %s with %d cached tokens, want %s with its cache", want.node, want.cached, victim.ID)
-		}
-		convs = append(convs, conv{m, want})
-	}
-	if len(convs) < 3 {
-		t.Fatalf("only %d conversations of 200 are owned by %s", len(convs), victim.ID)
-	}
+	convs := ownedConversations(t, entry, victim, 3)
 	if err := victim.signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
@@ -45,19 +24,7 @@ func TestLeaveHandsOffKV(t *testing.T) {
 	if _, err := c.WaitRings(t.Context(), c.IDs(entry, other), 5*time.Second, victim); err != nil {
 		t.Fatal(err)
 	}
-	for i, cv := range convs {
-		got := chat(t, other.URL(), cv.msgs, 60)
-		switch {
-		case got.status != 200 || got.node == victim.ID:
-			t.Errorf("conversation %d after the leave: status %d, served by %q", i, got.status, got.node)
-		case got.cached == 0:
-			t.Errorf("conversation %d resumed cold on %s: 0 of %d prompt tokens cached", i, got.node, got.prompt)
-		case got.text != cv.want.text:
-			t.Errorf("conversation %d on %s: %q, the old owner said %q", i, got.node, got.text, cv.want.text)
-		default:
-			t.Logf("conversation %d: on %s with %d of %d prompt tokens cached (the old owner had %d)", i, got.node, got.cached, got.prompt, cv.want.cached)
-		}
-	}
+	checkMoved(t, other, victim, convs, "the leave")
 }
 
 // TestJoinHandsOffKV: when a node joins, the nodes that held the conversations it now owns
@@ -65,16 +32,12 @@ func TestLeaveHandsOffKV(t *testing.T) {
 // old owner said.
 func TestJoinHandsOffKV(t *testing.T) {
 	c := startCluster(t, 2)
-	type conv struct {
-		msgs []message
-		want answer
-	}
-	var convs []conv
+	var convs []movedConv
 	for i := range 12 {
 		m := []message{{"system", fmt.Sprintf("story %d: %s", i, strings.Repeat("a long and winding tale ", 20))}, {"user", "begin"}}
 		first := chat(t, c.Nodes[i%2].URL(), m, 120)
 		m = append(m, message{"assistant", first.text}, message{"user", "go on"})
-		convs = append(convs, conv{m, chat(t, c.Nodes[i%2].URL(), m, 60)})
+		convs = append(convs, movedConv{m, chat(t, c.Nodes[i%2].URL(), m, 60)})
 	}
 	joined, err := c.Add(t.Context(), "node3")
 	if err != nil {
@@ -134,26 +97,7 @@ func TestCrashFailoverKV(t *testing.T) {
 	// first evicted: 16 sequences a node keep the replicas this test looks for.
 	c := startCluster(t, 3, "--sequences", "16")
 	entry, victim, other := c.Nodes[0], c.Nodes[1], c.Nodes[2]
-	type conv struct {
-		msgs []message
-		want answer
-	}
-	var owned [][]message
-	for i := 0; len(owned) < 3 && i < 200; i++ {
-		m := []message{{"system", fmt.Sprintf("story %d: %s", i, strings.Repeat("a long and winding tale ", 20))}, {"user", "begin"}}
-		if chat(t, entry.URL(), m, 1).node == victim.ID {
-			owned = append(owned, m)
-		}
-	}
-	if len(owned) < 3 {
-		t.Fatalf("only %d conversations of 200 are owned by %s", len(owned), victim.ID)
-	}
-	var convs []conv
-	for _, m := range owned {
-		first := chat(t, entry.URL(), m, 120)
-		m = append(m, message{"assistant", first.text}, message{"user", "go on"})
-		convs = append(convs, conv{m, chat(t, entry.URL(), m, 60)})
-	}
+	convs := ownedConversations(t, entry, victim, 3)
 	replicas := settledTransfers(t, c, entry, other)
 	held := 0.0
 	for _, n := range []*Node{entry, other} {
@@ -170,18 +114,61 @@ func TestCrashFailoverKV(t *testing.T) {
 	if _, err := c.WaitRings(t.Context(), c.IDs(entry, other), 10*time.Second, victim); err != nil {
 		t.Fatal(err)
 	}
+	checkMoved(t, other, victim, convs, "the crash")
+
+	t.Logf("the survivors took %v replicas before the crash", replicas)
+}
+
+// movedConv is a conversation of two turns and the answer its owner gave to the second.
+type movedConv struct {
+	msgs []message
+	want answer
+}
+
+// ownedConversations finds n conversations (with long system prompts) that owner serves,
+// entering on entry, then runs two turns of each there. It probes for all of them first:
+// every probe stays cached somewhere, and the turns' replicas must be the latest.
+func ownedConversations(t *testing.T, entry, owner *Node, n int) []movedConv {
+	t.Helper()
+	var owned [][]message
+	for i := 0; len(owned) < n && i < 200; i++ {
+		m := []message{{"system", fmt.Sprintf("story %d: %s", i, strings.Repeat("a long and winding tale ", 20))}, {"user", "begin"}}
+		if chat(t, entry.URL(), m, 1).node == owner.ID {
+			owned = append(owned, m)
+		}
+	}
+	if len(owned) < n {
+		t.Fatalf("only %d conversations of 200 are owned by %s", len(owned), owner.ID)
+	}
+	var convs []movedConv
+	for _, m := range owned {
+		first := chat(t, entry.URL(), m, 120)
+		m = append(m, message{"assistant", first.text}, message{"user", "go on"})
+		want := chat(t, entry.URL(), m, 60)
+		if want.node != owner.ID || want.cached == 0 {
+			t.Fatalf("the second turn ran on %s with %d cached tokens, want %s with its cache", want.node, want.cached, owner.ID)
+		}
+		convs = append(convs, movedConv{m, want})
+	}
+	return convs
+}
+
+// checkMoved sends each conversation's second turn again, entering on entry, after its
+// owner old is gone: it must run elsewhere, from cache, and say what old said.
+func checkMoved(t *testing.T, entry, old *Node, convs []movedConv, after string) {
+	t.Helper()
 	for i, cv := range convs {
-		got := chat(t, other.URL(), cv.msgs, 60)
+		got := chat(t, entry.URL(), cv.msgs, 60)
 		switch {
-		case got.status != 200 || got.node == victim.ID:
-			t.Errorf("conversation %d after the crash: status %d, served by %q", i, got.status, got.node)
+		case got.status != 200 || got.node == old.ID:
+			t.Errorf("conversation %d after %s: status %d, served by %q", i, after, got.status, got.node)
 		case got.cached == 0:
 			t.Errorf("conversation %d resumed cold on %s: 0 of %d prompt tokens cached", i, got.node, got.prompt)
 		case got.text != cv.want.text:
 			t.Errorf("conversation %d on %s: %q, the old owner said %q", i, got.node, got.text, cv.want.text)
 		default:
-			t.Logf("conversation %d: on %s with %d of %d prompt tokens cached from its replica", i, got.node, got.cached, got.prompt)
+			t.Logf("conversation %d after %s: on %s with %d of %d prompt tokens cached (the old owner had %d)",
+				i, after, got.node, got.cached, got.prompt, cv.want.cached)
 		}
 	}
-	t.Logf("the survivors took %v replicas before the crash", replicas)
 }

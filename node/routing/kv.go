@@ -96,20 +96,21 @@ var ErrBusy = errors.New("KV transfers busy")
 // most Config.KVTransfers pushes run at once, so transfers never take every connection
 // and core from serving.
 func (r *Router) PushKV(ctx context.Context, key string, frame []byte, why Push) (string, error) {
-	to, ok := r.heir(key)
+	var to candidate
+	var ok bool
 	if why == ToOwner {
 		cands := r.candidates(key)
-		ok = len(cands) > 0 && cands[0].id != r.cfg.Self
-		if ok {
+		if ok = len(cands) > 0 && cands[0].id != r.cfg.Self; ok {
 			to = cands[0]
 		}
+	} else {
+		to, ok = r.heir(key)
 	}
 	if !ok {
 		return "", ErrNoOwner
 	}
 	select {
 	case r.kvSlots <- struct{}{}:
-		defer func() { <-r.kvSlots }()
 	default:
 		if why == Replica {
 			r.kv.transfers.WithLabelValues("sent", "skipped").Inc()
@@ -117,11 +118,11 @@ func (r *Router) PushKV(ctx context.Context, key string, frame []byte, why Push)
 		}
 		select {
 		case r.kvSlots <- struct{}{}:
-			defer func() { <-r.kvSlots }()
 		case <-ctx.Done():
 			return to.id, ctx.Err()
 		}
 	}
+	defer func() { <-r.kvSlots }()
 	path := KVPath
 	if why == Replica {
 		path = ReplicaPath

@@ -204,7 +204,6 @@ func TestHeaderTimeout(t *testing.T) {
 	}
 }
 
-// Canceling the client's request crosses the hop: the owner's generation is canceled.
 // An owner that stops sending mid-answer (while it would still answer /readyz) fails
 // after the progress timeout, not before: the answer resumes on the next owner, exactly.
 func TestStalledOwner(t *testing.T) {
@@ -253,6 +252,7 @@ func TestStalledOwner(t *testing.T) {
 	}
 }
 
+// Canceling the client's request crosses the hop: the owner's generation is canceled.
 func TestCancelAcrossHop(t *testing.T) {
 	c := newCluster(t, "b")
 	key := c.keyOwnedBy("b")
