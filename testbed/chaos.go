@@ -815,25 +815,25 @@ func (c *Cluster) checkAnswers(ctx context.Context, rep *Report, cfg Config, s S
 		if r.Kind != "ok" {
 			continue
 		}
-		want := request(ctx, client, ref, r.Messages, rep.MaxTokens, false, time.Minute, nil)
-		if want.Kind != "ok" {
-			bad = append(bad, fmt.Sprintf("conv %d turn %d: the reference failed: %s", r.Conv, r.Turn, want.Error))
+		want, err := referenceAnswer(ctx, client, ref, r.Messages, rep.MaxTokens)
+		if err != nil {
+			bad = append(bad, fmt.Sprintf("conv %d turn %d: the reference failed: %v", r.Conv, r.Turn, err))
 			continue
 		}
 		rep.Compared++
 		if r.Resumed {
 			resumed++
 		}
-		if r.Text == want.Text {
+		if r.Text == want.text {
 			continue
 		}
 		d := 0
-		for d < min(len(r.Text), len(want.Text)) && r.Text[d] == want.Text[d] {
+		for d < min(len(r.Text), len(want.text)) && r.Text[d] == want.text[d] {
 			d++
 		}
 		what := fmt.Sprintf("conv %d turn %d (stream %v, resumed at %v, via %s on %s): differs at byte %d of %d",
-			r.Conv, r.Turn, r.Stream, r.Seams, r.Entry, r.Served, d, len(want.Text))
-		gap, proof := tieAt(ctx, client, ref, r, rep.MaxTokens, d)
+			r.Conv, r.Turn, r.Stream, r.Seams, r.Entry, r.Served, d, len(want.text))
+		gap, proof := want.tieAt(r.Text, d)
 		for _, seam := range r.Seams {
 			if d >= seam-seamSlack && d <= seam+seamSlack {
 				proof = fmt.Sprintf("it differs %d bytes from the seam at %d, where the answer moved: lost or repeated text", d-seam, seam)
@@ -843,7 +843,7 @@ func (c *Cluster) checkAnswers(ctx context.Context, rep *Report, cfg Config, s S
 			ties = append(ties, fmt.Sprintf("%s: a near-tie (gap %.2g)", what, gap))
 			continue
 		}
-		bad = append(bad, fmt.Sprintf("%s, not a near-tie (%s):\n  got       %q\n  reference %q", what, proof, around(r.Text, d), around(want.Text, d)))
+		bad = append(bad, fmt.Sprintf("%s, not a near-tie (%s):\n  got       %q\n  reference %q", what, proof, around(r.Text, d), around(want.text, d)))
 	}
 	rep.NearTies = len(ties)
 	maxTies := int(s.MaxNearTies * float64(rep.Compared))
@@ -852,60 +852,82 @@ func (c *Cluster) checkAnswers(ctx context.Context, rep *Report, cfg Config, s S
 			rep.Compared, resumed, len(ties), maxTies, firstN(ties, 3), len(bad), firstN(bad, 3))})
 }
 
-// tieAt asks the reference for its token log probabilities and checks that the answer
-// r left the reference at byte d by taking the runner-up of a near-tie. It returns the
-// gap, and why it is not a near-tie ("" when it is).
-func tieAt(ctx context.Context, client *http.Client, ref *Node, r Record, maxTokens, d int) (float64, string) {
-	body, _ := json.Marshal(map[string]any{"messages": r.Messages, "max_tokens": maxTokens, "temperature": 0,
+// refAnswer is the reference's greedy answer with, for every token it chose, its log
+// probability and the likeliest alternatives.
+type refAnswer struct {
+	text   string
+	tokens []refToken
+}
+
+type refToken struct {
+	Token       string  `json:"token"`
+	Logprob     float64 `json:"logprob"`
+	TopLogprobs []struct {
+		Token   string  `json:"token"`
+		Logprob float64 `json:"logprob"`
+	} `json:"top_logprobs"`
+}
+
+// referenceAnswer asks the reference for its answer and its log probabilities in one
+// request: two requests can differ (the second finds the whole prompt cached and computes
+// its last tokens differently), and at an exact tie, so can their choices.
+func referenceAnswer(ctx context.Context, client *http.Client, ref *Node, msgs []message, maxTokens int) (refAnswer, error) {
+	body, _ := json.Marshal(map[string]any{"messages": msgs, "max_tokens": maxTokens, "temperature": 0,
 		"logprobs": true, "top_logprobs": 5})
 	req, _ := http.NewRequestWithContext(ctx, "POST", ref.URL()+"/v1/chat/completions", bytes.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := client.Do(req)
 	if err != nil {
-		return 0, err.Error()
+		return refAnswer{}, err
 	}
 	defer resp.Body.Close()
 	var out struct {
 		Choices []struct {
+			Message  message `json:"message"`
 			Logprobs struct {
-				Content []struct {
-					Token       string  `json:"token"`
-					Logprob     float64 `json:"logprob"`
-					TopLogprobs []struct {
-						Token   string  `json:"token"`
-						Logprob float64 `json:"logprob"`
-					} `json:"top_logprobs"`
-				} `json:"content"`
+				Content []refToken `json:"content"`
 			} `json:"logprobs"`
 		} `json:"choices"`
 	}
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || len(out.Choices) == 0 {
-		return 0, fmt.Sprintf("no logprobs from the reference (%d, %v)", resp.StatusCode, err)
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || resp.StatusCode != http.StatusOK || len(out.Choices) == 0 {
+		return refAnswer{}, fmt.Errorf("no answer with logprobs (%d, %v)", resp.StatusCode, err)
 	}
+	return refAnswer{text: out.Choices[0].Message.Content, tokens: out.Choices[0].Logprobs.Content}, nil
+}
+
+// tieAt checks that text left the reference's answer at byte d by taking an alternative
+// nearly as likely as the reference's choice. It returns the gap, and why it is not a
+// near-tie ("" when it is).
+func (a refAnswer) tieAt(text string, d int) (float64, string) {
 	// The answer may have left the reference's tokens before its bytes differ: two
 	// segmentations can spell the same text ("They" or "The"+"y"), and after such a flip
 	// the model's next choices differ for real. So every token up to the first differing
 	// byte is a candidate: one whose alternative the answer's text also continues with.
 	best, found := 0.0, false
 	offset := 0
-	for _, tok := range out.Choices[0].Logprobs.Content {
-		if offset > d || len(tok.TopLogprobs) < 2 {
+	var near []string // the reference's tokens up to the difference, with their alternatives
+	for _, tok := range a.tokens {
+		if offset > d || offset > len(text) {
 			break
 		}
-		first := tok.TopLogprobs[0]
-		for _, alt := range tok.TopLogprobs[1:] {
-			if alt.Token == "" || alt.Token == first.Token || !strings.HasPrefix(r.Text[offset:], alt.Token) {
+		alts := make([]string, len(tok.TopLogprobs))
+		for i, alt := range tok.TopLogprobs {
+			alts[i] = fmt.Sprintf("%q %.3g", alt.Token, alt.Logprob)
+			if alt.Token == "" || alt.Token == tok.Token || !strings.HasPrefix(text[offset:], alt.Token) {
 				continue
 			}
-			if gap := first.Logprob - alt.Logprob; !found || gap < best {
+			// Measured from the token chosen, which at an exact tie need not be listed first.
+			if gap := max(0, tok.Logprob-alt.Logprob); !found || gap < best {
 				best, found = gap, true
 			}
 		}
+		near = append(near, fmt.Sprintf("%d %q [%s]", offset, tok.Token, strings.Join(alts, ", ")))
 		offset += len(tok.Token)
 	}
 	switch {
 	case !found:
-		return 0, "up to the difference, the answer never took one of the reference's 5 likeliest alternatives"
+		return 0, fmt.Sprintf("up to the difference, the answer never took one of the reference's 5 likeliest alternatives; "+
+			"the reference's last tokens (byte offset, token, alternatives): %s", strings.Join(near[max(0, len(near)-3):], "; "))
 	case best > nearTie:
 		return best, fmt.Sprintf("the closest alternative it could have taken was %.3g below the reference's choice (near-tie: %g)", best, nearTie)
 	}

@@ -2,6 +2,9 @@ package testbed
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -17,14 +20,27 @@ func TestChaosShort(t *testing.T) {
 	// something makes a difference worth reading.
 	model := testenv.SharedModel(t, "stories260K.gguf")
 	seed := uint64(time.Now().UnixNano())
-	t.Logf("seed %d (replay: the same seed gives the same entry nodes and request kinds)", seed)
+	if v := os.Getenv("INFERNODE_CHAOS_SEED"); v != "" {
+		var err error
+		if seed, err = strconv.ParseUint(v, 10, 64); err != nil {
+			t.Fatalf("INFERNODE_CHAOS_SEED: %v", err)
+		}
+	}
+	t.Logf("seed %d (replay: INFERNODE_CHAOS_SEED=%[1]d gives the same entry nodes and request kinds)", seed)
 	nsErr := netem.Available()
 	for _, s := range ShortSuite(seed) {
 		t.Run(s.Name, func(t *testing.T) {
 			if s.Netns && nsErr != nil {
 				testenv.Require(t, false, fmt.Sprintf("needs network namespaces (root): %v", nsErr))
 			}
-			cfg := Config{Binary: binary, Model: model, LogDir: t.TempDir(),
+			logs := t.TempDir()
+			if out := os.Getenv("INFERNODE_CHAOS_OUT"); out != "" {
+				logs = filepath.Join(out, s.Name)
+				if err := os.MkdirAll(logs, 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			cfg := Config{Binary: binary, Model: model, LogDir: logs,
 				Args: []string{"--ctx", "8192", "--threads", "1", "--log-level", "info"}}
 			rep, err := RunScenario(t.Context(), cfg, s)
 			if err != nil {
@@ -63,5 +79,45 @@ func TestSchedules(t *testing.T) {
 	bad := Scenario{Name: "hasty", Faults: []Fault{{At: time.Second, Kind: "kill", Node: 1}, {At: 2 * time.Second, Kind: "restart", Node: 1}}}
 	if bad.check() == nil {
 		t.Error("a restart 1s after a kill passed the schedule check")
+	}
+}
+
+// TestTieAt: the oracle accepts a difference only where the reference's own choice had a
+// nearly as likely alternative that the answer took, measured from the token chosen.
+func TestTieAt(t *testing.T) {
+	tok := func(token string, logprob float64, alts ...any) refToken {
+		rt := refToken{Token: token, Logprob: logprob}
+		for i := 0; i < len(alts); i += 2 {
+			rt.TopLogprobs = append(rt.TopLogprobs, struct {
+				Token   string  `json:"token"`
+				Logprob float64 `json:"logprob"`
+			}{alts[i].(string), alts[i+1].(float64)})
+		}
+		return rt
+	}
+	ref := refAnswer{text: "Miabbelied. Then", tokens: []refToken{
+		tok("Miabbeli", -0.1, "Miabbeli", -0.1, "Tim", -3.0),
+		// An exact tie, the chosen token listed second.
+		tok("ed", -1.46, "ve", -1.46, "ed", -1.46, "ck", -1.64),
+		tok(". Then", -0.5, ". Then", -0.5, ". As", -2.5),
+	}}
+	for _, c := range []struct {
+		text string
+		tie  bool
+	}{
+		{"Miabbelive. As", true},  // the other half of the exact tie
+		{"Miabbelick", true},      // 0.18 below the choice
+		{"Miabbelied. As", false}, // 2.0 below the choice
+		{"Miabbelixx", false},     // never an alternative
+		{"Tom", false},            // at byte 0, not an alternative either
+	} {
+		d := 0
+		for d < min(len(c.text), len(ref.text)) && c.text[d] == ref.text[d] {
+			d++
+		}
+		gap, proof := ref.tieAt(c.text, d)
+		if (proof == "") != c.tie {
+			t.Errorf("%q (differs at %d): near-tie %v (gap %.3g, %s), want %v", c.text, d, proof == "", gap, proof, c.tie)
+		}
 	}
 }

@@ -57,8 +57,8 @@ type Record struct {
 	Cached   int           `json:"cached_tokens"` // prompt tokens the serving node found in its KV cache
 	Resumed  bool          `json:"resumed"`
 	Seams    []int         `json:"seams,omitempty"` // byte offsets in Text where the answer resumed elsewhere
-	Text     string        `json:"-"`
-	Messages []message     `json:"-"`
+	Text     string        `json:"text,omitempty"`
+	Messages []message     `json:"messages,omitempty"`
 }
 
 // flight counts the forwarded streams in flight by the node serving them, so faults can
