@@ -83,8 +83,8 @@ $(BENCH_MODEL):
 
 # Packages run one at a time (-p 1): engine tests and real clusters each want the whole
 # machine, and timing-sensitive assertions (drain, cut-off) should not fight each other.
-test: deps model
-	INFERNODE_TEST_MODEL=$(CURDIR)/$(MODEL) $(GO) test -p 1 -count=1 -timeout 20m ./...
+test: deps model $(BENCH_MODEL)
+	INFERNODE_TEST_MODEL=$(CURDIR)/$(MODEL) INFERNODE_BENCH_MODEL=$(CURDIR)/$(BENCH_MODEL) $(GO) test -p 1 -count=1 -timeout 20m ./...
 
 race: deps model
 	INFERNODE_TEST_MODEL=$(CURDIR)/$(MODEL) $(GO) test -p 1 -race -count=1 -timeout 30m ./...

@@ -23,6 +23,7 @@ type Meta struct {
 	Waiting     int    `json:"wait,omitempty"`
 	FreeKV      int    `json:"kvfree,omitempty"`
 	QueueCap    int    `json:"qcap,omitempty"` // waiting requests the node accepts before refusing
+	Prefill     int    `json:"pf,omitempty"`   // prompt tokens it prefills a second at its recent load (0: unknown)
 	Leaving     bool   `json:"leaving,omitempty"`
 	Hop         []int  `json:"hop,omitempty"` // major versions of the hop protocol the node speaks
 }

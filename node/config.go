@@ -30,10 +30,6 @@ type Config struct {
 	// MaxKVBytes refuses larger KV frames (a conversation's cache pushed by a peer) with
 	// 413. Default 64 MiB: 2,800 tokens of a 135M model at f16.
 	MaxKVBytes int
-	// Replicas is how many other nodes keep a copy of a conversation's KV after each of
-	// its turns, for when its owner fails: 0 or 1 (the node that would take it over).
-	// Default 1.
-	Replicas int
 	// MaxTokens is the largest max_tokens a request may ask for. Default 8192.
 	MaxTokens int
 	// MaxStreams is how many generation requests may be in flight on this node, served
@@ -68,7 +64,6 @@ func DefaultConfig() Config {
 		Addr:           ":8080",
 		MaxBodyBytes:   4 << 20,          // ~1M tokens of text: far past any context
 		MaxKVBytes:     64 << 20,         // the whole context of a small model's conversation
-		Replicas:       1,                // a crash costs its conversations a transfer, not a prefill
 		MaxTokens:      8192,             // the default context
 		MaxStreams:     1024,             // a goroutine and a socket each; the engine queue sheds load
 		RequestTimeout: 10 * time.Minute, // a long generation on a slow CPU
@@ -89,7 +84,6 @@ func (c Config) Validate() error {
 	check(c.ModelName != "", "model name is required")
 	check(c.MaxBodyBytes >= 1024, "max body bytes must be at least 1024, got %d", c.MaxBodyBytes)
 	check(c.MaxKVBytes >= 1024, "max KV frame bytes must be at least 1024, got %d", c.MaxKVBytes)
-	check(c.Replicas == 0 || c.Replicas == 1, "replicas must be 0 or 1, got %d", c.Replicas)
 	check(c.MaxTokens >= 1, "max tokens must be at least 1, got %d", c.MaxTokens)
 	check(c.StreamBuffer >= 4096, "stream buffer must be at least 4096 bytes, got %d", c.StreamBuffer)
 	check(c.MaxStreams >= 1, "max streams must be at least 1, got %d", c.MaxStreams)

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -34,6 +35,7 @@ type completion struct {
 	model        string
 	stream       bool
 	includeUsage bool
+	followUp     bool // a chat turn after an earlier answer: its conversation may have KV somewhere
 	req          infer.Request
 	start        time.Time
 }
@@ -95,6 +97,7 @@ func (s *Server) parseCompletion(ctx *fasthttp.RequestCtx, chat bool) (*completi
 			return nil, err
 		}
 		p, opening, c.endpoint, c.id = &r.params, chatOpening(msgs), "/v1/chat/completions", "chatcmpl-"+randomID()
+		c.followUp = slices.ContainsFunc(msgs, func(m infer.Message) bool { return m.Role == "assistant" })
 	} else {
 		var r completionRequest
 		if err := decodeJSON(ctx.PostBody(), &r); err != nil {
@@ -231,6 +234,7 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, c *completion, submit submit
 		}
 		ended()
 		s.setGenerationHeaders(ctx, st)
+		s.countTurn(c, st)
 		if r, ok := st.(routing.Resumer); ok && r.Resumes() > 0 {
 			ctx.Response.Header.Set("X-Infernode-Resumed", strconv.Itoa(r.Resumes()))
 		}
@@ -248,6 +252,7 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, c *completion, submit submit
 	}
 	s.metrics.ttft.WithLabelValues(c.endpoint).Observe(time.Since(c.start).Seconds())
 	s.setGenerationHeaders(ctx, st)
+	s.countTurn(c, st)
 	s.streamBody(ctx, "text/event-stream", true, cancel, done, func(sse *sseWriter) error {
 		return s.stream(sse, st, c, first, err, ended)
 	})
@@ -391,6 +396,19 @@ func (s *Server) setGenerationHeaders(ctx *fasthttp.RequestCtx, st infer.Stream)
 		ctx.Response.Header.Set(routing.NodeHeader, n.Node())
 	}
 	ctx.Response.Header.Set(routing.HopsHeader, strconv.Itoa(hops(st)))
+}
+
+// countTurn counts a follow-up turn as warm when the node serving it found some of its
+// conversation's KV cached, cold otherwise.
+func (s *Server) countTurn(c *completion, st infer.Stream) {
+	if !c.followUp {
+		return
+	}
+	cache := "cold"
+	if _, cached, _ := st.Admitted(); cached > 0 {
+		cache = "warm"
+	}
+	s.metrics.turns.WithLabelValues(cache).Inc()
 }
 
 // hops is how many forwards lie behind st's answer (0 when served here).

@@ -67,9 +67,11 @@ func (s *Server) HandOff(ctx context.Context, leaving bool) (moved, failed int) 
 		}
 		switch peer, err := s.push(ctx, key, why); {
 		case errors.Is(err, infer.ErrNotCached): // running a turn, or evicted since: nothing to move
+		case errors.Is(err, routing.ErrRecompute):
+			s.log.Debug("hand-off: the owner recomputes it", "session", key, "err", err)
 		case err != nil:
 			failed++
-			s.log.Warn("hand-off failed", "session", key, "peer", peer, "err", err)
+			s.log.Warn("hand-off failed", "session", key, "sent to", peer, "err", err)
 		default:
 			moved++
 		}
@@ -117,23 +119,25 @@ func (s *Server) keepWarm(key string) {
 	switch {
 	case s.isDraining():
 		why = routing.Leaving
-	case s.cfg.Replicas == 0:
+	case s.router.Replicas() == 0:
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	peer, err := s.push(ctx, key, why)
-	if err != nil && !errors.Is(err, infer.ErrNotCached) && !errors.Is(err, routing.ErrBusy) && !errors.Is(err, routing.ErrNoOwner) {
-		s.log.Debug("KV not pushed", "session", key, "peer", peer, "err", err)
+	peers, err := s.push(ctx, key, why)
+	if err != nil && !errors.Is(err, infer.ErrNotCached) && !errors.Is(err, routing.ErrBusy) &&
+		!errors.Is(err, routing.ErrNoOwner) && !errors.Is(err, routing.ErrRecompute) {
+		s.log.Debug("KV not pushed", "session", key, "sent to", peers, "err", err)
 	}
 }
 
-// push exports a conversation and pushes it where why says, returning the peer it went
+// push exports a conversation and pushes it where why says, returning the peers it went
 // to. ErrNotCached: nothing idle to copy (a next turn already runs, or it was evicted).
-func (s *Server) push(ctx context.Context, key string, why routing.Push) (string, error) {
+func (s *Server) push(ctx context.Context, key string, why routing.Push) ([]string, error) {
 	var frame bytes.Buffer
-	if _, err := s.engine.Export(ctx, key, &frame); err != nil {
-		return "", err
+	tokens, err := s.engine.Export(ctx, key, &frame)
+	if err != nil {
+		return nil, err
 	}
-	return s.router.PushKV(ctx, key, frame.Bytes(), why)
+	return s.router.PushKV(ctx, key, frame.Bytes(), tokens, why)
 }

@@ -17,6 +17,7 @@ type metrics struct {
 	ttft          *prometheus.HistogramVec // endpoint
 	itl           prometheus.Histogram
 	cancellations *prometheus.CounterVec // cause
+	turns         *prometheus.CounterVec // cache: warm, cold
 }
 
 // Causes of cancellation, as labels.
@@ -45,6 +46,12 @@ func newMetrics(stats func() infer.Stats) *metrics {
 			Name: "infernode_cancellations_total", Help: "Generations canceled before they finished, by cause.",
 		}, []string{"cause"}),
 	}
+	m.turns = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "infernode_followup_turns_total",
+		Help: "Chat turns after an earlier answer entering here, by whether the node serving them found their conversation's KV (warm) or prefilled it all (cold).",
+	}, []string{"cache"})
+	m.turns.WithLabelValues("warm")
+	m.turns.WithLabelValues("cold")
 	for _, cause := range []string{causeClientGone, causeWriteTimeout, causeDeadline, causeShutdown} {
 		m.cancellations.WithLabelValues(cause)
 	}
@@ -57,7 +64,7 @@ func newMetrics(stats func() infer.Stats) *metrics {
 	m.reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.requests, m.ttft, m.itl, m.cancellations,
+		m.requests, m.ttft, m.itl, m.cancellations, m.turns,
 		gauge("infernode_running_sequences", "Requests being prefilled or decoded.", func(s infer.Stats) float64 { return float64(s.Running) }),
 		gauge("infernode_waiting_requests", "Requests queued for a sequence.", func(s infer.Stats) float64 { return float64(s.Waiting) }),
 		gauge("infernode_cached_conversations", "Idle conversations holding KV cells, replicas included.", func(s infer.Stats) float64 { return float64(s.Conversations) }),

@@ -1,11 +1,13 @@
 package session
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -116,5 +118,106 @@ func BenchmarkFollowUpTTFT(b *testing.B) {
 	b.ReportMetric(float64(cold)/float64(warm), "speedup")
 	b.ReportMetric(float64(cached), "cached-tokens")
 	b.ReportMetric(float64(prompt), "prompt-tokens")
+	b.ReportMetric(0, "ns/op")
+}
+
+// BenchmarkImportStall measures what importing conversations' KV costs the streams
+// decoding beside them: the inter-token latency of 4 greedy streams (96 tokens each, in
+// steady state) while four ~1,000-token conversations are imported between their steps,
+// against the same streams with no import, alternating in each iteration.
+func BenchmarkImportStall(b *testing.B) {
+	src := benchEngine(b, nil)
+	e := benchEngine(b, func(c *Config) { c.Sequences = 8 })
+	history := strings.Repeat("the quiet river runs past the old stone bridge and the green garden ", 70)
+	const streams, imports, gen = 4, 4, 96
+	run := func(frames [][]byte) (gaps []time.Duration, stalls []time.Duration) {
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		var started sync.WaitGroup
+		started.Add(streams)
+		for i := range streams {
+			wg.Go(func() {
+				s, err := e.Submit(context.Background(), Request{Prompt: fmt.Sprintf("story %d of the river", i), MaxTokens: gen, Sampling: Greedy()})
+				if err != nil {
+					b.Error(err)
+					started.Done()
+					return
+				}
+				var last time.Time
+				for n := 0; ; n++ {
+					if _, err := s.Recv(); err != nil {
+						break
+					}
+					now := time.Now()
+					if n == 8 {
+						started.Done() // decoding in steady state
+					}
+					if n > 8 && n < gen-8 {
+						mu.Lock()
+						gaps = append(gaps, now.Sub(last))
+						mu.Unlock()
+					}
+					last = now
+				}
+			})
+		}
+		started.Wait()
+		for _, f := range frames {
+			steps := e.Stats().Steps
+			for e.Stats().Steps < steps+12 {
+				time.Sleep(time.Millisecond)
+			}
+			res, err := e.Import(context.Background(), bytes.NewReader(f), false)
+			if err != nil {
+				b.Fatal(err)
+			}
+			stalls = append(stalls, res.Stall)
+		}
+		wg.Wait()
+		slices.Sort(gaps)
+		return gaps, stalls
+	}
+	pct := func(d []time.Duration, p float64) float64 {
+		return float64(d[min(len(d)-1, int(float64(len(d))*p))].Microseconds()) / 1000
+	}
+	var base, with []time.Duration
+	var stall time.Duration
+	var tokens, frameBytes int
+	round := 0
+	for b.Loop() {
+		round++
+		frames := make([][]byte, imports)
+		for i := range frames {
+			key := fmt.Sprintf("moved-%d-%d", round, i)
+			s, err := src.Submit(context.Background(), Request{SessionID: key, Prompt: fmt.Sprint(i, " ", history), MaxTokens: 1, Sampling: Greedy()})
+			if err != nil {
+				b.Fatal(err)
+			}
+			s.Collect()
+			var buf bytes.Buffer
+			n, err := src.Export(context.Background(), key, &buf)
+			if err != nil {
+				b.Fatal(err)
+			}
+			frames[i], tokens, frameBytes = buf.Bytes(), n, buf.Len()
+		}
+		g, _ := run(nil)
+		base = append(base, g...)
+		g, stalls := run(frames)
+		with = append(with, g...)
+		for _, s := range stalls {
+			stall = max(stall, s)
+		}
+	}
+	slices.Sort(base)
+	slices.Sort(with)
+	b.ReportMetric(pct(base, 0.5), "base-p50-ms")
+	b.ReportMetric(pct(base, 0.99), "base-p99-ms")
+	b.ReportMetric(pct(with, 0.5), "import-p50-ms")
+	b.ReportMetric(pct(with, 0.99), "import-p99-ms")
+	b.ReportMetric(pct(with, 0.99)/pct(base, 0.99), "p99-ratio")
+	b.ReportMetric(float64(stall.Microseconds())/1000, "max-stall-ms")
+	b.ReportMetric(float64(tokens), "tokens")
+	b.ReportMetric(float64(frameBytes)/1e6, "frame-MB")
 	b.ReportMetric(0, "ns/op")
 }

@@ -3,6 +3,7 @@ package session
 import (
 	"bytes"
 	"errors"
+	"os"
 	"testing"
 
 	"github.com/infernode/infernode/internal/testenv"
@@ -17,10 +18,19 @@ func TestKVMove(t *testing.T) {
 		// The greedy continuation llama2.c documents for stories260K (../shared/models).
 		{"stories260K", "stories260K.gguf", ", there was a little girl named Lily. She loved to play outside in the park. One day, she saw a big, red ball. She wanted to play with it, but it was too high.\nLily"},
 		{"test model", "", ""},
+		// Random weights in SmolLM2-135M's shapes (make bench-model): a realistic state
+		// size, 30 layers of KV.
+		{"realistic shape", "bench", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := testenv.Model(t)
-			if tc.model != "" {
+			switch tc.model {
+			case "":
+			case "bench":
+				if path = os.Getenv("INFERNODE_BENCH_MODEL"); path == "" {
+					t.Skip("INFERNODE_BENCH_MODEL not set (make test sets it to the model make bench-model writes)")
+				}
+			default:
 				path = testenv.SharedModel(t, tc.model)
 			}
 			model := func(c *Config) { c.ModelPath = path }

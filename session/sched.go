@@ -233,6 +233,14 @@ func (e *Engine) drop(s *slot) {
 	s.tokens, s.key = s.tokens[:0], ""
 }
 
+// The prefill rate (Stats.PrefillRate) averages steps that prefilled at least
+// minPrefillSample tokens (fewer time the step's overhead, not prefill), over about
+// prefillWindow of them.
+const (
+	minPrefillSample = 16
+	prefillWindow    = 8
+)
+
 // step builds one batch (a token for every decoding request, then prefill chunks in
 // admission order), decodes it, and samples for every request whose logits it produced.
 func (e *Engine) step(stats *Stats) {
@@ -281,7 +289,15 @@ func (e *Engine) step(stats *Stats) {
 
 	start := time.Now()
 	err := e.lctx.Decode(b)
-	stats.StepTimeMicros += uint64(time.Since(start).Microseconds())
+	took := time.Since(start)
+	stats.StepTimeMicros += uint64(took.Microseconds())
+	if prefill := b.Len() - decoding; err == nil && prefill >= minPrefillSample {
+		rate := float64(prefill) / took.Seconds()
+		if stats.PrefillRate == 0 {
+			stats.PrefillRate = rate
+		}
+		stats.PrefillRate += (rate - stats.PrefillRate) / prefillWindow
+	}
 	stats.Steps++
 	stats.BatchedTokens += uint64(b.Len())
 	if err != nil {

@@ -124,7 +124,6 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&nc.MaxTokens, "max-tokens", nc.MaxTokens, "largest max_tokens a request may ask for")
 	fs.StringVar(&maxBody, "max-body", "4MiB", "largest request body (bytes, or with KiB/MiB)")
 	fs.IntVar(&nc.MaxStreams, "max-streams", nc.MaxStreams, "generation requests in flight on this node, served here or forwarded, before 503 (bounds memory)")
-	fs.IntVar(&nc.Replicas, "replicas", nc.Replicas, "nodes that keep a copy of a conversation's KV after each turn, for when its owner fails (0 or 1)")
 	fs.DurationVar(&nc.RequestTimeout, "request-timeout", nc.RequestTimeout, "deadline of one generation request")
 	fs.DurationVar(&nc.WriteTimeout, "write-timeout", nc.WriteTimeout, "cut a client that blocks a write this long")
 	fs.DurationVar(&nc.DrainTimeout, "drain-timeout", nc.DrainTimeout, "on SIGTERM, how long running requests may finish")
@@ -138,6 +137,8 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.BoolVar(&insecure, "insecure", false, "run a cluster member without a secret: unsigned hops, plain gossip (trusted networks only)")
 	fs.StringVar(&rc.HTTPAddr, "advertise-http", "", "HTTP host:port peers use to reach this node (default: the bound address)")
 	fs.DurationVar(&rc.ProbeInterval, "probe-interval", rc.ProbeInterval, "how often each peer's /readyz is checked")
+	fs.IntVar(&rc.Replicas, "replicas", rc.Replicas, "nodes that keep a copy of a conversation's KV after each turn, for when its owner fails (0 to 3)")
+	fs.Float64Var(&rc.KVBandwidth, "kv-bandwidth", rc.KVBandwidth, "Mbit/s this node's KV transfers may use together (0: unbounded)")
 	fs.StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {

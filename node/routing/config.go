@@ -58,6 +58,17 @@ type Config struct {
 	KVTransfers int
 	// KVTimeout bounds one KV push. Default 60s.
 	KVTimeout time.Duration
+	// KVBandwidth bounds the KV pushes of this node together, in megabits a second; 0
+	// leaves them unbounded. Default 800.
+	KVBandwidth float64
+	// KVMargin is how much sooner a transfer must be expected to finish than the
+	// destination would prefill the conversation's tokens, for a conversation to move by
+	// transfer rather than be recomputed there. Default 1.25.
+	KVMargin float64
+	// Replicas is how many other nodes keep a copy of a conversation's KV after each of
+	// its turns, for when its owner fails: the node that would take it over, then the one
+	// after it. 0 turns replication off. Default 1.
+	Replicas int
 	// Candidates is how many ring owners a request may try. Default 3.
 	Candidates int
 	// DefaultMaxTokens is the engine's token limit for requests that set none, needed to
@@ -89,6 +100,9 @@ func DefaultConfig() Config {
 		Candidates:      3,                      // the owner and two successors
 		KVTransfers:     2,                      // a transfer saturates a LAN link or a core; serving keeps the rest
 		KVTimeout:       60 * time.Second,       // 64 MiB at 10 Mbit/s would take longer: then recomputing is cheaper
+		KVBandwidth:     800,                    // of a gigabit link, a fifth stays for serving and gossip
+		KVMargin:        1.25,                   // the estimates are moving averages; an import also stalls the destination briefly
+		Replicas:        1,                      // a crash costs its conversations a transfer, not a prefill
 		Ring:            ring.DefaultConfig(),
 	}
 }
@@ -119,6 +133,9 @@ func (c Config) Validate() error {
 	check(c.Candidates >= 1, "candidates must be at least 1, got %d", c.Candidates)
 	check(c.KVTransfers >= 1, "KV transfers must be at least 1, got %d", c.KVTransfers)
 	p.Positive("KV timeout", c.KVTimeout)
+	check(c.KVBandwidth >= 0, "KV bandwidth must not be negative, got %g", c.KVBandwidth)
+	check(c.KVMargin >= 1, "KV margin must be at least 1, got %g", c.KVMargin)
+	check(c.Replicas >= 0 && c.Replicas <= maxReplicas, "replicas must be between 0 and %d, got %d", maxReplicas, c.Replicas)
 	check(c.DefaultMaxTokens >= 1, "default max tokens must be at least 1, got %d", c.DefaultMaxTokens)
 	check(c.QueueCap >= 0, "queue capacity must not be negative, got %d", c.QueueCap)
 	err := c.Ring.Validate()

@@ -113,6 +113,19 @@ func (c *fakeClock) pending() int {
 	return n
 }
 
+// pendingIn is how many timers wait to fire exactly d from now.
+func (c *fakeClock) pendingIn(d time.Duration) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, t := range c.timers {
+		if t.state == 0 && t.at.Equal(c.now.Add(d)) {
+			n++
+		}
+	}
+	return n
+}
+
 // Advance moves the clock and runs the timers now due.
 func (c *fakeClock) Advance(d time.Duration) {
 	c.mu.Lock()
@@ -303,11 +316,33 @@ type peer struct {
 	id     string
 	router *Router
 	engine *fakeEngine
+
+	mu sync.Mutex
+	kv []string // paths of the KV frames it took
+}
+
+// frames are the paths of the KV frames p took.
+func (p *peer) frames() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.kv)
 }
 
 // serveHop is the hop's receiving end as node serves it, on net/http.
 func (p *peer) serveHop(w http.ResponseWriter, req *http.Request) {
 	if req.URL.Path == "/readyz" {
+		w.WriteHeader(http.StatusOK)
+		return
+	}
+	if req.URL.Path == KVPath || req.URL.Path == ReplicaPath {
+		body, _ := io.ReadAll(req.Body)
+		if err := p.router.Authenticate(Inbound{Method: req.Method, Path: req.URL.Path, Header: req.Header.Get, Body: body}); err != nil {
+			writeErr(w, &Error{Status: http.StatusUnauthorized, Message: err.Error(), Type: "invalid_request_error"})
+			return
+		}
+		p.mu.Lock()
+		p.kv = append(p.kv, req.URL.Path)
+		p.mu.Unlock()
 		w.WriteHeader(http.StatusOK)
 		return
 	}

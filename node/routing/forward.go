@@ -260,6 +260,11 @@ func (p *peerStream) next() (Event, error) {
 		if err := json.Unmarshal(p.sc.Bytes(), &ev); err != nil {
 			return Event{}, p.lost(fmt.Errorf("bad line: %w", err))
 		}
+		if ev.Error != nil && p.ctx.Err() != nil {
+			// Given up on (stalled, declared down) or canceled here: the owner's error is
+			// the echo of that cancellation, not its answer.
+			return Event{}, p.lost(context.Cause(p.ctx))
+		}
 		if ev.Text != "" || ev.Done != nil || ev.Error != nil {
 			return ev, nil
 		}

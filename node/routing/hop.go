@@ -184,8 +184,9 @@ type Answer struct {
 }
 
 type piece struct {
-	text string
-	err  error
+	text   string
+	err    error
+	tokens int // generated with text: read at once, as the reader goes on to the next piece
 }
 
 // NewAnswer starts reading st. Write (or Close) must follow.
@@ -195,7 +196,7 @@ func NewAnswer(st infer.Stream) *Answer {
 		for {
 			text, err := st.Recv()
 			select {
-			case a.pieces <- piece{text, err}:
+			case a.pieces <- piece{text, err, st.Tokens()}:
 			case <-a.quit:
 				return
 			}
@@ -263,7 +264,7 @@ func (a *Answer) Write(write func(line []byte) error, keepAlive time.Duration, t
 			}
 		}
 		if p.text != "" {
-			ev := Event{Text: p.text, Tokens: a.st.Tokens()}
+			ev := Event{Text: p.text, Tokens: p.tokens}
 			if first {
 				ev.Prompt, ev.Cached, _ = a.st.Admitted()
 				first = false

@@ -5,11 +5,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
 
 	"github.com/infernode/infernode/ring"
 )
@@ -62,18 +65,39 @@ func (r *Router) Owns(key string) bool {
 	return len(c) == 0 || c[0].id == r.cfg.Self
 }
 
-// heir is the peer that owns key on this node's ring without this node: where its
-// conversations belong once it has left. (Not simply the next of Owners: the ring
+// maxReplicas bounds Config.Replicas: every replica is a whole copy of the state.
+const maxReplicas = 3
+
+// heirs are up to n peers that would own key in turn: the owner on this node's ring
+// without this node (where its conversations belong once it has left or failed), then the
+// owner without that one too, and so on. (Not simply the next ones of Owners: the ring
 // reassigns a leaving member's partitions by load, not by successor.)
-func (r *Router) heir(key string) (candidate, bool) {
+func (r *Router) heirs(key string, n int) []candidate {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	members := slices.DeleteFunc(r.table.Ring().Members(), func(id string) bool { return id == r.cfg.Self })
-	if r.heirs == nil || !slices.Equal(r.heirs.Members(), members) {
-		r.heirs = ring.New(r.cfg.Ring, members)
+	var out []candidate
+	for len(out) < n && len(members) > 0 {
+		names := strings.Join(members, "\x00")
+		rg := r.heirRings[names]
+		if rg == nil {
+			if len(r.heirRings) >= 4*maxReplicas {
+				clear(r.heirRings) // the ring changed since they were made
+			}
+			if r.heirRings == nil {
+				r.heirRings = map[string]*ring.Ring{}
+			}
+			rg = ring.New(r.cfg.Ring, members)
+			r.heirRings[names] = rg
+		}
+		id, ok := rg.Owner(key)
+		if !ok {
+			break
+		}
+		out = append(out, candidate{id: id, addr: r.members[id].Meta.HTTPAddr})
+		members = slices.DeleteFunc(members, func(m string) bool { return m == id })
 	}
-	id, ok := r.heirs.Owner(key)
-	return candidate{id: id, addr: r.members[id].Meta.HTTPAddr}, ok
+	return out
 }
 
 // Push says why a conversation's KV is pushed, and so to whom.
@@ -84,42 +108,71 @@ const (
 	ToOwner Push = iota
 	// Leaving: this node is leaving; its owner once this node has left takes it.
 	Leaving
-	// Replica: a copy for the node that would take the conversation over if this one
-	// failed. Best effort: skipped when transfers are busy.
+	// Replica: copies for the Config.Replicas nodes that would take the conversation over
+	// if this one failed. Best effort: skipped when transfers are busy.
 	Replica
 )
 
-// ErrBusy: a replica was skipped because Config.KVTransfers pushes were running.
-var ErrBusy = errors.New("KV transfers busy")
+var (
+	// ErrBusy: a replica was skipped because Config.KVTransfers pushes were running.
+	ErrBusy = errors.New("KV transfers busy")
+	// ErrRecompute: the destination would prefill the conversation's tokens sooner than
+	// the transfer would bring them (see Config.KVMargin), so it was not sent.
+	ErrRecompute = errors.New("recomputing the KV is cheaper than transferring it")
+)
 
-// PushKV sends a conversation's KV frame where why says and returns that peer's id. At
-// most Config.KVTransfers pushes run at once, so transfers never take every connection
-// and core from serving.
-func (r *Router) PushKV(ctx context.Context, key string, frame []byte, why Push) (string, error) {
-	var to candidate
-	var ok bool
-	if why == ToOwner {
-		cands := r.candidates(key)
-		if ok = len(cands) > 0 && cands[0].id != r.cfg.Self; ok {
-			to = cands[0]
+// Replicas is how many peers keep a copy of each conversation served here.
+func (r *Router) Replicas() int { return r.cfg.Replicas }
+
+// PushKV sends a conversation's KV frame (tokens long) where why says and returns the
+// peers it went to. At most Config.KVTransfers pushes run at once and together they keep
+// within Config.KVBandwidth, so transfers never take every connection, core or the link
+// from serving. A peer that would recompute the tokens sooner than the transfer would
+// take is skipped (ErrRecompute).
+func (r *Router) PushKV(ctx context.Context, key string, frame []byte, tokens int, why Push) ([]string, error) {
+	var to []candidate
+	switch why {
+	case ToOwner:
+		if cands := r.candidates(key); len(cands) > 0 && cands[0].id != r.cfg.Self {
+			to = cands[:1]
 		}
-	} else {
-		to, ok = r.heir(key)
+	case Leaving:
+		to = r.heirs(key, 1)
+	case Replica:
+		to = r.heirs(key, r.cfg.Replicas)
 	}
-	if !ok {
-		return "", ErrNoOwner
+	if len(to) == 0 {
+		return nil, ErrNoOwner
+	}
+	var sent []string
+	var errs []error
+	for _, c := range to {
+		if err := r.pushTo(ctx, c, frame, tokens, why); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		sent = append(sent, c.id)
+	}
+	return sent, errors.Join(errs...)
+}
+
+func (r *Router) pushTo(ctx context.Context, to candidate, frame []byte, tokens int, why Push) error {
+	if transfer, recompute, ok := r.worthMoving(to.id, len(frame), tokens); !ok {
+		r.kv.transfers.WithLabelValues("sent", "recompute").Inc()
+		return fmt.Errorf("%w: to %s, %d tokens: transfer %v, prefill %v", ErrRecompute, to.id, tokens,
+			transfer.Round(time.Millisecond), recompute.Round(time.Millisecond))
 	}
 	select {
 	case r.kvSlots <- struct{}{}:
 	default:
 		if why == Replica {
 			r.kv.transfers.WithLabelValues("sent", "skipped").Inc()
-			return to.id, ErrBusy
+			return fmt.Errorf("%w: replica for %s skipped", ErrBusy, to.id)
 		}
 		select {
 		case r.kvSlots <- struct{}{}:
 		case <-ctx.Done():
-			return to.id, ctx.Err()
+			return ctx.Err()
 		}
 	}
 	defer func() { <-r.kvSlots }()
@@ -129,17 +182,88 @@ func (r *Router) PushKV(ctx context.Context, key string, frame []byte, why Push)
 	}
 	start := r.clock.Now()
 	err := r.sendKV(ctx, to, path, frame)
-	r.ObserveKV("sent", len(frame), r.clock.Now().Sub(start), err)
-	return to.id, err
+	took := r.clock.Now().Sub(start)
+	r.ObserveKV("sent", len(frame), took, err)
+	if err == nil && len(frame) >= minRateSample && took > 0 {
+		r.mu.Lock()
+		rate := float64(len(frame)) / took.Seconds()
+		if old := r.kvRates[to.id]; old > 0 {
+			rate = old + (rate-old)/rateWindow
+		}
+		r.kvRates[to.id] = rate
+		r.mu.Unlock()
+	}
+	return err
+}
+
+// A peer's transfer rate (Router.kvRates) averages pushes of at least minRateSample
+// bytes (smaller ones time the round trip, not the link), over about rateWindow of them.
+const (
+	minRateSample = 64 << 10
+	rateWindow    = 4
+)
+
+// worthMoving estimates how long sending size bytes to peer would take (from past pushes
+// to it, and the bandwidth bound) and how long the peer would take to prefill tokens
+// (from the rate it gossips), and says whether the transfer wins by Config.KVMargin.
+// Either unknown: move it (and so learn the transfer rate).
+func (r *Router) worthMoving(peer string, size, tokens int) (transfer, recompute time.Duration, ok bool) {
+	r.mu.Lock()
+	bw, prefill := r.kvRates[peer], float64(r.members[peer].Meta.Prefill)
+	r.mu.Unlock()
+	if r.kvLimit != nil && (bw == 0 || float64(r.kvLimit.Limit()) < bw) {
+		bw = float64(r.kvLimit.Limit())
+	}
+	if bw == 0 || prefill == 0 {
+		return 0, 0, true
+	}
+	transfer = time.Duration(float64(size) / bw * float64(time.Second))
+	recompute = time.Duration(float64(tokens) / prefill * float64(time.Second))
+	return transfer, recompute, float64(transfer)*r.cfg.KVMargin < float64(recompute)
+}
+
+// kvChunk is the most of a frame sent at once under the bandwidth bound.
+const kvChunk = 64 << 10
+
+// newKVLimit paces KV pushes to mbit megabits a second (nil: unbounded), in bursts of a
+// tenth of a second's worth (at most 1 MiB) beyond a chunk.
+func newKVLimit(mbit float64) *rate.Limiter {
+	if mbit <= 0 {
+		return nil
+	}
+	bytes := mbit * 1e6 / 8
+	return rate.NewLimiter(rate.Limit(bytes), int(min(bytes/10, 1<<20))+kvChunk)
+}
+
+// paced reads a frame no faster than the router's KV bandwidth allows.
+type paced struct {
+	ctx   context.Context
+	r     io.Reader
+	limit *rate.Limiter
+}
+
+func (p *paced) Read(b []byte) (int, error) {
+	n, err := p.r.Read(b[:min(len(b), kvChunk)])
+	if n > 0 {
+		if werr := p.limit.WaitN(p.ctx, n); werr != nil {
+			return n, werr
+		}
+	}
+	return n, err
 }
 
 func (r *Router) sendKV(ctx context.Context, c candidate, path string, frame []byte) error {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.KVTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, "POST", peerURL(c.addr, path), bytes.NewReader(frame))
+	var body io.Reader = bytes.NewReader(frame)
+	if r.kvLimit != nil {
+		body = &paced{ctx: ctx, r: body, limit: r.kvLimit}
+	}
+	req, err := http.NewRequestWithContext(ctx, "POST", peerURL(c.addr, path), body)
 	if err != nil {
 		return err
 	}
+	req.ContentLength = int64(len(frame))
 	req.Header.Set("Content-Type", "application/octet-stream")
 	r.auth.sign(req.Header.Set, "POST", path, r.cfg.Self, c.id, frame)
 	resp, err := r.client.Do(req)

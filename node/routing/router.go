@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
 
 	"github.com/infernode/infernode/gossip"
 	"github.com/infernode/infernode/ring"
@@ -62,9 +63,11 @@ type Router struct {
 	refused map[string]bool          // member names refused for claiming a live member's id (logged once)
 	down    map[string]chan struct{} // closed when the peer is declared down (see abandonDown)
 
-	heirs   *ring.Ring    // the ring without this node (see heir)
-	ringCh  chan struct{} // signaled (coalesced) when the ring changes
-	kvSlots chan struct{} // KV pushes in flight (see PushKV)
+	heirRings map[string]*ring.Ring // rings without this node and its first heirs, by members (see heirs)
+	ringCh    chan struct{}         // signaled (coalesced) when the ring changes
+	kvSlots   chan struct{}         // KV pushes in flight (see PushKV)
+	kvLimit   *rate.Limiter         // bytes a second of KV pushes (nil: no bound)
+	kvRates   map[string]float64    // bytes a second of past pushes, by peer id (moving average)
 
 	forwards *prometheus.CounterVec
 	resumes  prometheus.Counter
@@ -103,6 +106,7 @@ func New(cfg Config, g Membership, local Engine) (*Router, error) {
 		down:    map[string]chan struct{}{},
 		ringCh:  make(chan struct{}, 1),
 		kvSlots: make(chan struct{}, cfg.KVTransfers),
+		kvRates: map[string]float64{},
 		kv:      newKVMetrics(),
 		forwards: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "infernode_forwards_total", Help: "Requests forwarded to their owner, by outcome.",
@@ -121,6 +125,7 @@ func New(cfg Config, g Membership, local Engine) (*Router, error) {
 	if len(cfg.Secret) == 0 {
 		r.log.Warn("hops are not authenticated (insecure): anyone who reaches this node's HTTP port can submit raw requests as a peer")
 	}
+	r.kvLimit = newKVLimit(cfg.KVBandwidth)
 	return r, nil
 }
 
@@ -172,6 +177,7 @@ func (r *Router) Publish() {
 	err := r.gossip.SetMeta(gossip.Meta{
 		ID: r.cfg.Self, HTTPAddr: r.cfg.HTTPAddr, Fingerprint: r.cfg.Fingerprint, Ready: ready, Hop: Versions,
 		Running: st.Running, Waiting: st.Waiting, FreeKV: st.KVCells - st.KVUsed, QueueCap: r.cfg.QueueCap,
+		Prefill: int(st.PrefillRate),
 	})
 	if err != nil {
 		r.log.Error("cannot gossip metadata", "err", err)

@@ -245,4 +245,8 @@ type Stats struct {
 	BatchedTokens  uint64 // tokens decoded over all steps
 	MaxDecoding    int    // the most sequences that decoded a token in one step
 	StepTimeMicros uint64 // time spent in llama_decode over all steps
+	// PrefillRate is prompt tokens prefilled a second at the load the engine has had
+	// lately: a moving average over steps that prefilled, decoding beside them included.
+	// 0 until the engine has prefilled a prompt.
+	PrefillRate float64
 }
