@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -134,10 +135,20 @@ func (s *Server) keepWarm(key string) {
 // push exports a conversation and pushes it where why says, returning the peers it went
 // to. ErrNotCached: nothing idle to copy (a next turn already runs, or it was evicted).
 func (s *Server) push(ctx context.Context, key string, why routing.Push) ([]string, error) {
-	var frame bytes.Buffer
-	tokens, err := s.engine.Export(ctx, key, &frame)
+	frame, _ := frames.Get().(*bytes.Buffer)
+	if frame == nil {
+		frame = new(bytes.Buffer)
+	}
+	defer frames.Put(frame)
+	frame.Reset()
+	tokens, err := s.engine.Export(ctx, key, frame)
 	if err != nil {
 		return nil, err
 	}
 	return s.router.PushKV(ctx, key, frame.Bytes(), tokens, why)
 }
+
+// frames are KV frames' buffers, kept between pushes: one is tens of megabytes for a
+// long conversation of a realistic model, pushed after every turn (see stateBufs in
+// session).
+var frames sync.Pool

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 
 	"github.com/cespare/xxhash/v2"
 )
@@ -79,8 +80,9 @@ const maxTokenState = 1 << 20
 
 // readFrame reads and checks a frame. It refuses one not made for want (fingerprint and
 // KV type), with more tokens than maxTokens, or with an implausibly large state, before
-// reading its state; then it reads the state into one buffer, checking every chunk.
-func readFrame(r io.Reader, want frameHeader, maxTokens int) (frameHeader, []int32, []byte, error) {
+// reading its state; then it reads the state into buf (grown if need be), checking every
+// chunk.
+func readFrame(r io.Reader, want frameHeader, maxTokens int, buf []byte) (frameHeader, []int32, []byte, error) {
 	var h frameHeader
 	bad := func(format string, args ...any) (frameHeader, []int32, []byte, error) {
 		return h, nil, nil, fmt.Errorf("%w: %s", ErrFrame, fmt.Sprintf(format, args...))
@@ -135,7 +137,7 @@ func readFrame(r io.Reader, want frameHeader, maxTokens int) (frameHeader, []int
 	for i := range tokens {
 		tokens[i] = int32(binary.LittleEndian.Uint32(toks[4*i:]))
 	}
-	state := make([]byte, h.StateBytes)
+	state := slices.Grow(buf[:0], int(h.StateBytes))[:h.StateBytes]
 	for off, i := 0, 0; off < len(state); i++ {
 		var ch [12]byte
 		if _, err := io.ReadFull(br, ch[:]); err != nil {

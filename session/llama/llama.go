@@ -62,6 +62,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"log/slog"
 	"strings"
 	"sync"
@@ -351,13 +352,13 @@ func (c *Context) SeqPosMax(seq int) int {
 }
 
 // SeqState copies a sequence's state (its KV cells and what llama.cpp needs to restore
-// them) into a new buffer.
-func (c *Context) SeqState(seq int) ([]byte, error) {
+// them) into buf, grown if need be, and returns it.
+func (c *Context) SeqState(seq int, buf []byte) ([]byte, error) {
 	n := C.llama_state_seq_get_size(c.c, C.llama_seq_id(seq))
 	if n == 0 {
 		return nil, fmt.Errorf("sequence %d: no state", seq)
 	}
-	buf := make([]byte, int(n))
+	buf = slices.Grow(buf[:0], int(n))[:int(n)]
 	got := C.llama_state_seq_get_data(c.c, (*C.uint8_t)(unsafe.Pointer(&buf[0])), n, C.llama_seq_id(seq))
 	if got == 0 || got > n {
 		return nil, fmt.Errorf("sequence %d: copying its state failed", seq)
