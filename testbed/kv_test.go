@@ -30,8 +30,15 @@ func TestLeaveHandsOffKV(t *testing.T) {
 // TestJoinHandsOffKV: when a node joins, the nodes that held the conversations it now owns
 // push their caches to it, so their next turn starts there from cache and says what the
 // old owner said.
-func TestJoinHandsOffKV(t *testing.T) {
-	c := startCluster(t, 2)
+func TestJoinHandsOffKV(t *testing.T) { testJoin(t, true) }
+
+// TestJoinRecomputesOnSlowLink: with KV transfers held to 100 kbit/s, moving a cache would
+// take longer than the new owner's prefill, so the old owners send nothing and the moved
+// conversations are recomputed there, with the same text.
+func TestJoinRecomputesOnSlowLink(t *testing.T) { testJoin(t, false, "--kv-bandwidth", "0.1") }
+
+func testJoin(t *testing.T, transfer bool, args ...string) {
+	c := startCluster(t, 2, args...)
 	var convs []movedConv
 	for i := range 12 {
 		m := []message{{"system", fmt.Sprintf("story %d: %s", i, strings.Repeat("a long and winding tale ", 20))}, {"user", "begin"}}
@@ -46,8 +53,13 @@ func TestJoinHandsOffKV(t *testing.T) {
 	if _, err := c.WaitRings(t.Context(), c.IDs(), 10*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	// The old owners push once their rings have been quiet for a second.
+	// The old owners push once their rings have been quiet for a moment.
 	last := settledTransfers(t, c, joined)
+	recomputed := 0.0
+	for _, n := range c.Nodes[:2] {
+		v, _ := c.Metric(n, `infernode_kv_transfers_total{direction="sent",outcome="recompute"}`)
+		recomputed += v
+	}
 	moved := 0
 	for i, cv := range convs {
 		got := chat(t, c.Nodes[0].URL(), cv.msgs, 60)
@@ -55,14 +67,20 @@ func TestJoinHandsOffKV(t *testing.T) {
 			continue
 		}
 		moved++
-		if got.cached == 0 || got.text != cv.want.text {
-			t.Errorf("conversation %d on %s: %d of %d prompt tokens cached, %q; the old owner (%s) said %q", i, got.node, got.cached, got.prompt, got.text, cv.want.node, cv.want.text)
+		if got.text != cv.want.text || (got.cached > 0) != transfer {
+			t.Errorf("conversation %d on %s: %d of %d prompt tokens cached (transfer: %v), %q; the old owner (%s) said %q",
+				i, got.node, got.cached, got.prompt, transfer, got.text, cv.want.node, cv.want.text)
 		}
 	}
-	if moved == 0 || float64(moved) > last {
+	switch {
+	case moved == 0:
+		t.Error("no conversation moved to node3")
+	case transfer && float64(moved) > last:
 		t.Errorf("%d conversations moved to node3, which took %v caches", moved, last)
+	case !transfer && (last > 0 || recomputed < float64(moved)):
+		t.Errorf("%d conversations moved to node3, which took %v caches; %v left to recompute", moved, last, recomputed)
 	}
-	t.Logf("%d of %d conversations moved to node3, which took %v caches", moved, len(convs), last)
+	t.Logf("%d of %d conversations moved to node3, which took %v caches; %v left to recompute", moved, len(convs), last, recomputed)
 }
 
 // settledTransfers waits until the KV frames the nodes given have taken stop growing (none

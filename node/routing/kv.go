@@ -197,20 +197,26 @@ func (r *Router) pushTo(ctx context.Context, to candidate, frame []byte, tokens 
 }
 
 // A peer's transfer rate (Router.kvRates) averages pushes of at least minRateSample
-// bytes (smaller ones time the round trip, not the link), over about rateWindow of them.
+// bytes (smaller ones time the round trip and the import, not the link), over about
+// rateWindow of them.
 const (
-	minRateSample = 64 << 10
+	minRateSample = 1 << 20
 	rateWindow    = 4
 )
 
 // worthMoving estimates how long sending size bytes to peer would take (from past pushes
 // to it, and the bandwidth bound) and how long the peer would take to prefill tokens
-// (from the rate it gossips), and says whether the transfer wins by Config.KVMargin.
-// Either unknown: move it (and so learn the transfer rate).
+// (from the rate it gossips; one that has prefilled nothing yet, such as a node that just
+// joined, is taken to prefill as fast as this node: it serves the same model), and says
+// whether the transfer wins by Config.KVMargin. Either unknown: move it (and so learn the
+// transfer rate).
 func (r *Router) worthMoving(peer string, size, tokens int) (transfer, recompute time.Duration, ok bool) {
 	r.mu.Lock()
 	bw, prefill := r.kvRates[peer], float64(r.members[peer].Meta.Prefill)
 	r.mu.Unlock()
+	if prefill == 0 && r.local != nil {
+		prefill = r.local.Stats().PrefillRate
+	}
 	if r.kvLimit != nil && (bw == 0 || float64(r.kvLimit.Limit()) < bw) {
 		bw = float64(r.kvLimit.Limit())
 	}
