@@ -68,6 +68,8 @@ func newMetrics(stats func() infer.Stats) *metrics {
 		gauge("infernode_running_sequences", "Requests being prefilled or decoded.", func(s infer.Stats) float64 { return float64(s.Running) }),
 		gauge("infernode_waiting_requests", "Requests queued for a sequence.", func(s infer.Stats) float64 { return float64(s.Waiting) }),
 		gauge("infernode_cached_conversations", "Idle conversations holding KV cells, replicas included.", func(s infer.Stats) float64 { return float64(s.Conversations) }),
+		gauge("infernode_prefill_tokens_per_second", "Prompt tokens prefilled a second at the recent load (gossiped: peers decide from it whether to move a conversation's KV here or let it be recomputed).",
+			func(s infer.Stats) float64 { return s.PrefillRate }),
 		gauge("infernode_kv_replicas", "Replicas held: copies of other nodes' conversations, kept for their failover.", func(s infer.Stats) float64 { return float64(s.Replicas) }),
 		gauge("infernode_kv_cells_used", "KV cache cells holding tokens.", func(s infer.Stats) float64 { return float64(s.KVUsed) }),
 		gauge("infernode_kv_cells_total", "KV cache cells.", func(s infer.Stats) float64 { return float64(s.KVCells) }),

@@ -7,6 +7,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/infernode/infernode/internal/testenv"
+	"github.com/infernode/infernode/netem"
 )
 
 // BenchmarkHopRealEngine compares requests sent to their owner with the same requests
@@ -97,6 +100,117 @@ func BenchmarkMovedTurn(b *testing.B) {
 			b.ReportMetric(float64(cold[len(cold)/2].Microseconds())/1000, "cold-ttft-ms")
 			b.ReportMetric(float64(cold[len(cold)/2])/float64(warm[len(warm)/2]), "speedup")
 			b.ReportMetric(float64(cached)/float64(len(warm)), "cached-tokens")
+		})
+	}
+}
+
+// BenchmarkTransferOrRecompute: on namespaced nodes whose links tbf caps at 10, 100 and
+// 1,000 Mbit/s (and --kv-bandwidth says the same), two nodes serve conversations of about
+// 650 tokens, a third joins, and the old owners decide for each conversation it now owns:
+// push its KV, or leave it to be recomputed there. Reported: the share moved by
+// transfer, the transfer rate achieved, the prefill rate the nodes measured, the KV bytes
+// a token, the break-even bandwidth these give, and the moved conversations' next time to
+// first token on the new node. The model is INFERNODE_BENCH_MODEL when set.
+func BenchmarkTransferOrRecompute(b *testing.B) {
+	if err := netem.Available(); err != nil {
+		b.Skipf("needs network namespaces (root): %v", err)
+	}
+	model := os.Getenv("INFERNODE_BENCH_MODEL")
+	if model == "" {
+		model = testenv.Model(b)
+	}
+	for _, mbit := range []int{10, 100, 1000} {
+		b.Run(fmt.Sprintf("cap=%dMbit", mbit), func(b *testing.B) {
+			var transferred, recomputed, bytes, seconds, prefill, cached float64
+			var ttft, cold []time.Duration
+			for b.Loop() {
+				topo, err := netem.New("inkv", 3)
+				if err != nil {
+					b.Fatal(err)
+				}
+				c, err := Start(b.Context(), Config{Binary: binary, Model: model, Nodes: 2, LogDir: b.TempDir(), Topology: topo,
+					Args: []string{"--threads", "1", "--log-level", "info", "--kv-bandwidth", fmt.Sprint(mbit)}})
+				if err != nil {
+					topo.Close()
+					b.Fatal(err)
+				}
+				for _, h := range topo.Nodes {
+					if err := h.Bandwidth(mbit * 1000); err != nil {
+						b.Fatal(err)
+					}
+				}
+				if _, err := c.WaitRings(b.Context(), c.IDs(), 30*time.Second); err != nil {
+					b.Fatal(err)
+				}
+				var convs [][]message
+				for i := range 9 {
+					m := []message{{"system", fmt.Sprintf("story %d: %s", i, strings.Repeat("a long and winding tale of the river and the sea ", 40))}, {"user", "begin"}}
+					first := chat(b, c.Nodes[i%2].URL(), m, 16)
+					convs = append(convs, append(m, message{"assistant", first.text}, message{"user", "go on"}))
+				}
+				sent := func(what string) float64 {
+					sum := 0.0
+					for _, n := range c.Nodes[:2] {
+						v, _ := c.Metric(n, what)
+						sum += v
+					}
+					return sum
+				}
+				before := []float64{sent(`infernode_kv_transfers_total{direction="sent",outcome="ok"}`),
+					sent(`infernode_kv_transfers_total{direction="sent",outcome="recompute"}`),
+					sent(`infernode_kv_transfer_bytes_total{direction="sent"}`), sent(`infernode_kv_transfer_seconds_total{direction="sent"}`)}
+				joined, err := c.Add(b.Context(), "node3")
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, err := c.WaitRings(b.Context(), c.IDs(), 30*time.Second); err != nil {
+					b.Fatal(err)
+				}
+				settledTransfers(b, c, joined)
+				transferred += sent(`infernode_kv_transfers_total{direction="sent",outcome="ok"}`) - before[0]
+				recomputed += sent(`infernode_kv_transfers_total{direction="sent",outcome="recompute"}`) - before[1]
+				bytes += sent(`infernode_kv_transfer_bytes_total{direction="sent"}`) - before[2]
+				seconds += sent(`infernode_kv_transfer_seconds_total{direction="sent"}`) - before[3]
+				p, _ := c.Metric(c.Nodes[0], "infernode_prefill_tokens_per_second")
+				prefill = max(prefill, p)
+				// Streamed, for the time to the first token: the answer's end waits for its
+				// replica's push (see node.keepWarm), which a slow link makes long.
+				first := func(m []message) Record {
+					r := request(b.Context(), client, c.Nodes[0], m, 1, true, time.Minute, nil)
+					if r.Kind != "ok" {
+						b.Fatalf("%s: %s", r.Kind, r.Error)
+					}
+					return r
+				}
+				for _, m := range convs {
+					if a := first(m); a.Served == joined.ID {
+						ttft = append(ttft, a.TTFT)
+						cached += float64(a.Cached)
+						// The same turn of a conversation nobody has seen, as long.
+						control := slices.Clone(m)
+						control[0].Content = "another " + control[0].Content
+						cold = append(cold, first(control).TTFT)
+					}
+				}
+				c.Close()
+				topo.Close()
+			}
+			if len(ttft) > 0 {
+				slices.Sort(ttft)
+				slices.Sort(cold)
+				b.ReportMetric(float64(ttft[len(ttft)/2].Milliseconds()), "moved-ttft-ms")
+				b.ReportMetric(float64(cold[len(cold)/2].Milliseconds()), "cold-ttft-ms")
+				b.ReportMetric(cached/float64(len(ttft)), "moved-cached-tokens")
+			}
+			b.ReportMetric(transferred, "transferred")
+			b.ReportMetric(recomputed, "recomputed")
+			if seconds > 0 {
+				b.ReportMetric(bytes/seconds*8/1e6, "transfer-Mbit/s")
+				perToken := bytes / transferred / (cached / float64(len(ttft)))
+				b.ReportMetric(perToken, "KV-bytes/token")
+				b.ReportMetric(perToken*prefill*8/1e6*1.25, "break-even-Mbit/s")
+			}
+			b.ReportMetric(prefill, "prefill-tok/s")
 		})
 	}
 }
