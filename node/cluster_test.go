@@ -58,6 +58,7 @@ func (*fakeEngine) Import(context.Context, io.Reader, bool) (infer.Imported, err
 	return infer.Imported{}, infer.ErrFrame
 }
 func (*fakeEngine) Conversations(context.Context) ([]string, error) { return nil, nil }
+func (*fakeEngine) Demote(context.Context, string) error            { return nil }
 
 type fakeStream struct{ n, i int }
 

@@ -75,6 +75,10 @@ func (s *Server) HandOff(ctx context.Context, leaving bool) (moved, failed int) 
 			s.log.Warn("hand-off failed", "session", key, "sent to", peer, "err", err)
 		default:
 			moved++
+			if !leaving {
+				// Kept, as a replica: evicted first, and a copy if the owner fails.
+				s.engine.Demote(ctx, key)
+			}
 		}
 	}
 	if moved+failed > 0 {

@@ -31,10 +31,12 @@ type Engine interface {
 	Stats() infer.Stats
 	Ready() bool
 	// Export writes a cached conversation's KV as a KV frame; Import installs one;
-	// Conversations lists those cached, most recently used first. See session.Engine.
+	// Conversations lists those cached, most recently used first; Demote keeps one that
+	// moved to its owner as a replica. See session.Engine.
 	Export(ctx context.Context, key string, w io.Writer) (int, error)
 	Import(ctx context.Context, r io.Reader, replica bool) (infer.Imported, error)
 	Conversations(ctx context.Context) ([]string, error)
+	Demote(ctx context.Context, key string) error
 }
 
 // Server serves the HTTP API of one node.

@@ -72,6 +72,15 @@ func (h *Handle) Import(ctx context.Context, r io.Reader, replica bool) (ImportR
 	return e.Import(ctx, r, replica)
 }
 
+// Demote keeps a conversation that moved away as a replica; see Engine.Demote.
+func (h *Handle) Demote(ctx context.Context, key string) error {
+	e := h.e.Load()
+	if e == nil {
+		return ErrClosed
+	}
+	return e.Demote(ctx, key)
+}
+
 // Conversations lists the conversations cached; see Engine.Conversations.
 func (h *Handle) Conversations(ctx context.Context) ([]string, error) {
 	e := h.e.Load()

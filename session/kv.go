@@ -156,6 +156,18 @@ func (e *Engine) install(key string, tokens []int32, state []byte, replica bool)
 	return nil
 }
 
+// Demote keeps conversation key's idle copy here as a replica, once it has moved to its
+// owner: evicted before any conversation served here, and not handed off again.
+func (e *Engine) Demote(ctx context.Context, key string) error {
+	return e.do(ctx, func() {
+		for _, s := range e.slots {
+			if s.key == key && s.job == nil {
+				s.replica = true
+			}
+		}
+	})
+}
+
 // Conversations are the keys of the conversations cached here, most recently used first;
 // replicas (copies kept for other nodes' conversations) are not among them.
 func (e *Engine) Conversations(ctx context.Context) ([]string, error) {

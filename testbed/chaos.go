@@ -610,9 +610,9 @@ func (c *Cluster) checkWarm(rep *Report) {
 		}
 	}
 	var cold []string
-	leaves, leavesWarm, joins, joinsWarm := 0, 0, 0, 0
+	leaves, leavesWarm, joins, joinsWarm, crashes, crashesWarm := 0, 0, 0, 0, 0, 0
 	for _, a := range rep.Faults {
-		if a.Fault.Kind != "leave" && a.Fault.Kind != "join" {
+		if a.Fault.Kind != "leave" && a.Fault.Kind != "join" && a.Fault.Kind != "kill" {
 			continue
 		}
 		id := c.Nodes[a.Fault.Node].ID
@@ -637,13 +637,19 @@ func (c *Cluster) checkWarm(rep *Report) {
 					if warm {
 						joinsWarm++
 					}
+				case a.Fault.Kind == "kill" && prev.Served == id && next.Served != id:
+					crashes++
+					if warm {
+						crashesWarm++
+					}
 				}
 			}
 		}
 	}
 	rep.Checks = append(rep.Checks, Check{Name: "conversations moved by a planned change resume warm", Pass: len(cold) == 0,
-		Detail: fmt.Sprintf("after a leave %d of %d warm; after a join %d of %d warm (not failed: pushed once the ring has been quiet for 300ms); cold: %v",
-			leavesWarm, leaves, joinsWarm, joins, firstN(cold, 5))})
+		Detail: fmt.Sprintf("after a leave %d of %d warm; after a join %d of %d warm (not failed: pushed once the ring has been quiet for 300ms); "+
+			"after a crash %d of %d warm (not failed: from replicas); cold: %v",
+			leavesWarm, leaves, joinsWarm, joins, crashesWarm, crashes, firstN(cold, 5))})
 }
 
 // checkAffinity: a conversation whose turns all ran while the rings were converged (no

@@ -233,6 +233,18 @@ func TestKillOwner(t *testing.T) {
 		t.Fatalf("reference stream: served by %s, %v", served, err)
 	}
 
+	// The reference left a replica of the conversation on the victim's heir: the stream
+	// resumed there must prefill only what it adds to it, not the answer so far.
+	reused := func() float64 {
+		sum := 0.0
+		for _, n := range []*Node{c.Nodes[0], c.Nodes[2]} {
+			v, _ := c.Metric(n, "infernode_reused_prefix_tokens_total")
+			sum += v
+		}
+		return sum
+	}
+	reusedBefore := reused()
+
 	// Two streams of the same conversation: one entering on node1 (resumable), one
 	// entering on the victim itself (it dies with it).
 	var wg sync.WaitGroup
@@ -269,6 +281,11 @@ func TestKillOwner(t *testing.T) {
 	}
 	if markers != 1 {
 		t.Errorf("the resumed stream carried %d resume markers, want 1", markers)
+	}
+	if r := reused() - reusedBefore; r < 100 {
+		t.Errorf("the survivors reused %v cached tokens resuming the stream, want more than the 100 it had sent (the replica)", r)
+	} else {
+		t.Logf("the stream resumed on the replica: %v tokens reused", r)
 	}
 
 	if err := <-detected; err != nil {

@@ -54,18 +54,22 @@ type Hopper interface {
 // (every node holds the whole model, so that is always correct, only colder), unless it
 // was itself busy, in which case the last busy answer is returned.
 func (r *Router) Submit(ctx context.Context, req infer.Request) (infer.Stream, error) {
-	return r.submit(ctx, req, nil)
+	return r.submit(ctx, req, nil, "")
 }
 
 // Handoff serves req on one of its owners other than this node: a draining node's way to
 // pass on what still reaches it. It serves locally only when no other owner could.
 func (r *Router) Handoff(ctx context.Context, req infer.Request) (infer.Stream, error) {
-	return r.submit(ctx, req, []string{r.cfg.Self})
+	return r.submit(ctx, req, []string{r.cfg.Self}, "")
 }
 
 // submit tries the owners of req not in tried.
-func (r *Router) submit(ctx context.Context, req infer.Request, tried []string) (infer.Stream, error) {
+func (r *Router) submit(ctx context.Context, req infer.Request, tried []string, prefer string) (infer.Stream, error) {
 	cands := r.candidates(req.SessionID)
+	if i := slices.IndexFunc(cands, func(c candidate) bool { return c.id == prefer && !c.full }); i > 0 {
+		c := cands[i]
+		cands = slices.Insert(slices.Delete(cands, i, i+1), 0, c)
+	}
 	var busy error
 	for i, c := range cands {
 		if slices.Contains(tried, c.id) {
@@ -349,7 +353,7 @@ func (s *routed) Recv() (string, error) {
 		if errors.As(err, &remote) && remote.busy() && s.text.Len() == 0 && s.ctx.Err() == nil {
 			// Refused while queued, after the owner had sent its headers: the next owners
 			// may have room, as when it is refused at once.
-			st, err := s.r.submit(s.ctx, s.req, s.tried)
+			st, err := s.r.submit(s.ctx, s.req, s.tried, "")
 			if err != nil {
 				s.finish(err)
 				return "", err
@@ -394,7 +398,13 @@ func (s *routed) resumeElsewhere(cause error) error {
 	s.resume++
 	s.r.log.Warn("owner died mid-stream, resuming on the next owner", "peer", peer, "session", s.req.SessionID,
 		"tokens_so_far", s.base, "err", cause)
-	st, err := s.r.submit(s.ctx, cont, s.tried)
+	// The dead owner's heir first: its replica of the conversation holds the prompt and
+	// the last turn's answer, so only the text since then is prefilled again.
+	var heir string
+	if h := s.r.heirs(s.req.SessionID, 1, s.tried...); len(h) > 0 {
+		heir = h[0].id
+	}
+	st, err := s.r.submit(s.ctx, cont, s.tried, heir)
 	if err != nil {
 		return fmt.Errorf("owner %s died mid-stream and no other owner could continue: %w", peer, err)
 	}

@@ -68,14 +68,17 @@ func (r *Router) Owns(key string) bool {
 // maxReplicas bounds Config.Replicas: every replica is a whole copy of the state.
 const maxReplicas = 3
 
-// heirs are up to n peers that would own key in turn: the owner on this node's ring
-// without this node (where its conversations belong once it has left or failed), then the
+// heirs are up to n members that would own key in turn once the nodes gone (by default
+// this one) have left or failed: the owner on this node's ring without them, then the
 // owner without that one too, and so on. (Not simply the next ones of Owners: the ring
 // reassigns a leaving member's partitions by load, not by successor.)
-func (r *Router) heirs(key string, n int) []candidate {
+func (r *Router) heirs(key string, n int, gone ...string) []candidate {
+	if len(gone) == 0 {
+		gone = []string{r.cfg.Self}
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	members := slices.DeleteFunc(r.table.Ring().Members(), func(id string) bool { return id == r.cfg.Self })
+	members := slices.DeleteFunc(r.table.Ring().Members(), func(id string) bool { return slices.Contains(gone, id) })
 	var out []candidate
 	for len(out) < n && len(members) > 0 {
 		names := strings.Join(members, "\x00")
