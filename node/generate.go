@@ -67,7 +67,7 @@ func (s *Server) handleInternal(ctx *fasthttp.RequestCtx) {
 		writeError(ctx, err)
 		return
 	}
-	s.generate(ctx, c, s.engine.Submit)
+	s.generate(ctx, c, s.router.ServeLocal)
 }
 
 // inbound is a peer's request as routing authenticates it.
@@ -124,7 +124,7 @@ func (s *Server) parseCompletion(ctx *fasthttp.RequestCtx, chat bool) (*completi
 	if err != nil {
 		return nil, err
 	}
-	req.Prompt = prompt
+	req.Prompt, req.FollowUp = prompt, c.followUp
 	if req.SessionID, err = sessionKey(string(ctx.Request.Header.Peek("X-Session-ID")), p.SessionID, s.cfg.ModelName,
 		principal(s.cfg.APIKey, p.User), opening); err != nil {
 		return nil, err

@@ -41,6 +41,44 @@ func (s *Server) handleKV(ctx *fasthttp.RequestCtx, replica bool) {
 	writeJSON(ctx, fasthttp.StatusOK, res)
 }
 
+// handlePull answers a peer that took a conversation over at its last ring change with
+// the conversation's KV frame (POST routing.PullPath, the key as body), unless it is not
+// held here (404) or the peer would recompute it sooner (204). The copy here stays, as a
+// replica.
+func (s *Server) handlePull(ctx *fasthttp.RequestCtx) {
+	if s.router == nil {
+		writeError(ctx, errNotFound)
+		return
+	}
+	if err := s.router.Authenticate(inbound(ctx)); err != nil {
+		writeError(ctx, err)
+		return
+	}
+	key, peer := string(ctx.PostBody()), string(ctx.Request.Header.Peek(routing.HeaderFrom))
+	frame := frameBuffer()
+	defer frames.Put(frame)
+	start := time.Now()
+	tokens, err := s.engine.Export(s.base, key, frame)
+	switch {
+	case errors.Is(err, infer.ErrNotCached):
+		s.log.Debug("KV pull: not held here", "by", peer, "session", key)
+		ctx.SetStatusCode(fasthttp.StatusNotFound)
+		return
+	case err != nil:
+		writeError(ctx, err)
+		return
+	case !s.router.WorthMoving(peer, frame.Len(), tokens):
+		s.log.Debug("KV pull: cheaper to recompute", "by", peer, "session", key, "tokens", tokens, "bytes", frame.Len())
+		ctx.SetStatusCode(fasthttp.StatusNoContent)
+		return
+	}
+	ctx.SetContentType("application/octet-stream")
+	ctx.SetBody(frame.Bytes())
+	s.router.ObserveKV("sent", frame.Len(), time.Since(start), nil)
+	s.engine.Demote(s.base, key)
+	s.log.Debug("KV pulled", "by", peer, "session", key, "tokens", tokens, "bytes", frame.Len())
+}
+
 // HandOff pushes conversations cached here to their owners, most recently used first,
 // until ctx ends: every one when leaving, else those another node owns now. It returns
 // how many moved and how many could not.
@@ -139,12 +177,8 @@ func (s *Server) keepWarm(key string) {
 // push exports a conversation and pushes it where why says, returning the peers it went
 // to. ErrNotCached: nothing idle to copy (a next turn already runs, or it was evicted).
 func (s *Server) push(ctx context.Context, key string, why routing.Push) ([]string, error) {
-	frame, _ := frames.Get().(*bytes.Buffer)
-	if frame == nil {
-		frame = new(bytes.Buffer)
-	}
+	frame := frameBuffer()
 	defer frames.Put(frame)
-	frame.Reset()
 	tokens, err := s.engine.Export(ctx, key, frame)
 	if err != nil {
 		return nil, err
@@ -156,3 +190,11 @@ func (s *Server) push(ctx context.Context, key string, why routing.Push) ([]stri
 // long conversation of a realistic model, pushed after every turn (see stateBufs in
 // session).
 var frames sync.Pool
+
+func frameBuffer() *bytes.Buffer {
+	if b, ok := frames.Get().(*bytes.Buffer); ok {
+		b.Reset()
+		return b
+	}
+	return new(bytes.Buffer)
+}

@@ -232,6 +232,8 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		status = s.guard(ctx, false, fasthttp.MethodPost, func() { s.handleInternal(ctx) })
 	case routing.KVPath, routing.ReplicaPath:
 		status = s.guard(ctx, false, fasthttp.MethodPost, func() { s.handleKV(ctx, path == routing.ReplicaPath) })
+	case routing.PullPath:
+		status = s.guard(ctx, false, fasthttp.MethodPost, func() { s.handlePull(ctx) })
 	case "/metrics":
 		status = s.guard(ctx, !s.cfg.MetricsOpen, fasthttp.MethodGet, func() { s.promh(ctx) })
 	default:

@@ -18,6 +18,9 @@ type Peer struct {
 	Facts   Facts
 	Healthy bool // by this node's own checks, with hysteresis
 	OnRing  bool
+	// Pending: alive, ready and compatible, but never yet healthy by this node's checks
+	// (first seen, its first checks to come).
+	Pending bool
 }
 
 // Table is one node's view of its peers and the ring built from the eligible ones: alive,
@@ -35,6 +38,7 @@ type Table struct {
 type entry struct {
 	facts  Facts
 	health Health
+	wasUp  bool // healthy at least once
 }
 
 // NewTable makes a table for the node self.
@@ -86,6 +90,7 @@ func (t *Table) Observe(id string, ok bool) bool {
 	if !found || !e.health.Observe(ok) {
 		return false
 	}
+	e.wasUp = e.wasUp || e.health.Up()
 	return t.rebuild()
 }
 
@@ -96,7 +101,9 @@ func (t *Table) Ring() *Ring { return t.ring }
 func (t *Table) Peers() []Peer {
 	out := make([]Peer, 0, len(t.peers))
 	for id, e := range t.peers {
-		out = append(out, Peer{ID: id, Facts: e.facts, Healthy: e.health.Up(), OnRing: t.eligible(e)})
+		f := e.facts
+		out = append(out, Peer{ID: id, Facts: f, Healthy: e.health.Up(), OnRing: t.eligible(e),
+			Pending: f.Alive && f.Ready && f.Compatible && !e.wasUp})
 	}
 	slices.SortFunc(out, func(a, b Peer) int { return strings.Compare(a.ID, b.ID) })
 	return out

@@ -72,6 +72,12 @@ func (h *Handle) Import(ctx context.Context, r io.Reader, replica bool) (ImportR
 	return e.Import(ctx, r, replica)
 }
 
+// Holds reports whether a conversation has KV here; see Engine.Holds.
+func (h *Handle) Holds(key string) bool {
+	e := h.e.Load()
+	return e != nil && e.Holds(key)
+}
+
 // Demote keeps a conversation that moved away as a replica; see Engine.Demote.
 func (h *Handle) Demote(ctx context.Context, key string) error {
 	e := h.e.Load()

@@ -153,7 +153,22 @@ func (e *Engine) install(key string, tokens []int32, state []byte, replica bool)
 	}
 	e.tick++ // the LRU clock: a later import is more recent, even with no step between
 	target.key, target.tokens, target.lastUsed, target.replica = key, append(target.tokens[:0], tokens...), e.tick, replica
+	e.hold(key)
 	return nil
+}
+
+// Holds reports whether conversation key has KV here (an approximation read without the
+// engine goroutine: a conversation dropped from one of two slots holding it reads as
+// gone).
+func (e *Engine) Holds(key string) bool {
+	_, ok := e.held.Load(key)
+	return ok
+}
+
+func (e *Engine) hold(key string) {
+	if key != "" {
+		e.held.Store(key, struct{}{})
+	}
 }
 
 // Demote keeps conversation key's idle copy here as a replica, once it has moved to its

@@ -200,6 +200,7 @@ func (e *Engine) start(j *job, p placement, stats *Stats) {
 		s.tokens = s.tokens[:p.reuse]
 	}
 	s.key, s.job, s.replica = j.req.SessionID, j, false
+	e.hold(s.key)
 	seed := uint32(j.req.Seed)
 	if j.req.Seed < 0 {
 		seed = e.rng.Uint32()
@@ -230,6 +231,7 @@ func (e *Engine) start(j *job, p placement, stats *Stats) {
 // drop forgets a slot's conversation and frees its KV cells.
 func (e *Engine) drop(s *slot) {
 	e.lctx.SeqRemove(s.seq, 0, -1)
+	e.held.Delete(s.key)
 	s.tokens, s.key = s.tokens[:0], ""
 }
 

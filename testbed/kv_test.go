@@ -30,14 +30,22 @@ func TestLeaveHandsOffKV(t *testing.T) {
 // TestJoinHandsOffKV: when a node joins, the nodes that held the conversations it now owns
 // push their caches to it, so their next turn starts there from cache and says what the
 // old owner said.
-func TestJoinHandsOffKV(t *testing.T) { testJoin(t, true) }
+func TestJoinHandsOffKV(t *testing.T) { testJoin(t, true, true) }
+
+// TestJoinWarmAtOnce: the moved conversations' next turns come as soon as the rings
+// agree, without waiting for the old owners' pushes: they start from cache too (pushed,
+// or pulled by the new owner on its first miss; which one wins is a matter of timing).
+func TestJoinWarmAtOnce(t *testing.T) { testJoin(t, true, false) }
 
 // TestJoinRecomputesOnSlowLink: with KV transfers held to 100 kbit/s, moving a cache would
 // take longer than the new owner's prefill, so the old owners send nothing and the moved
 // conversations are recomputed there, with the same text.
-func TestJoinRecomputesOnSlowLink(t *testing.T) { testJoin(t, false, "--kv-bandwidth", "0.1") }
+func TestJoinRecomputesOnSlowLink(t *testing.T) { testJoin(t, false, true, "--kv-bandwidth", "0.1") }
 
-func testJoin(t *testing.T, transfer bool, args ...string) {
+// testJoin moves conversations by a join and checks their next turns on the new node:
+// warm (transfer) or cold, always with the old owner's text; settle waits for the old
+// owners' pushes first.
+func testJoin(t *testing.T, transfer, settle bool, args ...string) {
 	c := startCluster(t, 2, args...)
 	var convs []movedConv
 	for i := range 12 {
@@ -54,7 +62,10 @@ func testJoin(t *testing.T, transfer bool, args ...string) {
 		t.Fatal(err)
 	}
 	// The old owners push once their rings have been quiet for a moment.
-	last := settledTransfers(t, c, joined)
+	last := 0.0
+	if settle {
+		last = settledTransfers(t, c, joined)
+	}
 	recomputed := 0.0
 	for _, n := range c.Nodes[:2] {
 		v, _ := c.Metric(n, `infernode_kv_transfers_total{direction="sent",outcome="recompute"}`)
@@ -72,9 +83,12 @@ func testJoin(t *testing.T, transfer bool, args ...string) {
 				i, got.node, got.cached, got.prompt, transfer, got.text, cv.want.node, cv.want.text)
 		}
 	}
+	pulled, _ := c.Metric(joined, `infernode_kv_transfers_total{direction="pulled",outcome="ok"}`)
+	t.Logf("node3 pulled %v caches", pulled)
 	switch {
 	case moved == 0:
 		t.Error("no conversation moved to node3")
+	case !settle:
 	case transfer && float64(moved) > last:
 		t.Errorf("%d conversations moved to node3, which took %v caches", moved, last)
 	case !transfer && (last > 0 || recomputed < float64(moved)):

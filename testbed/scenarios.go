@@ -41,7 +41,7 @@ func ShortSuite(seed uint64) []Scenario {
 			Faults: []Fault{{At: 1500 * time.Millisecond, Kind: "pause", Node: Busiest},
 				{At: 5 * time.Second, Kind: "resume", Node: Busiest}}},
 		{Name: "leave-join", Nodes: 3, Workload: planned(seed), MaxFailures: 0, NoResumes: true, MinAffinity: 3, MaxNearTies: 0.35,
-			Doc:    "a node leaves gracefully (SIGTERM), then a new node joins mid-run: nothing fails, nothing resumes",
+			Doc: "a node leaves gracefully (SIGTERM), then a new node joins mid-run: nothing fails, nothing resumes",
 			// The leave lands while the first conversations are mid-way (they end at about 1.5s).
 			Faults: []Fault{{At: 800 * time.Millisecond, Kind: "leave", Node: 1}, {At: 3500 * time.Millisecond, Kind: "join"}}},
 		overload(seed),

@@ -334,6 +334,19 @@ func (p *peer) serveHop(w http.ResponseWriter, req *http.Request) {
 		w.WriteHeader(http.StatusOK)
 		return
 	}
+	if req.URL.Path == PullPath {
+		body, _ := io.ReadAll(req.Body)
+		if err := p.router.Authenticate(Inbound{Method: req.Method, Path: req.URL.Path, Header: req.Header.Get, Body: body}); err != nil {
+			writeErr(w, &Error{Status: http.StatusUnauthorized, Message: err.Error(), Type: "invalid_request_error"})
+			return
+		}
+		p.mu.Lock()
+		p.kv = append(p.kv, PullPath)
+		p.mu.Unlock()
+		w.WriteHeader(http.StatusOK)
+		w.Write([]byte("frame of " + string(body)))
+		return
+	}
 	if req.URL.Path == KVPath || req.URL.Path == ReplicaPath {
 		body, _ := io.ReadAll(req.Body)
 		if err := p.router.Authenticate(Inbound{Method: req.Method, Path: req.URL.Path, Header: req.Header.Get, Body: body}); err != nil {

@@ -77,7 +77,7 @@ func (r *Router) submit(ctx context.Context, req infer.Request, tried []string, 
 		}
 		last := i == len(cands)-1
 		if c.id == r.cfg.Self {
-			st, err := r.local.Submit(ctx, req)
+			st, err := r.ServeLocal(ctx, req)
 			if err == nil || !localBusy(err) {
 				return st, err
 			}
@@ -120,7 +120,7 @@ func (r *Router) submit(ctx context.Context, req infer.Request, tried []string, 
 	if busy != nil && slices.Contains(tried, r.cfg.Self) {
 		return nil, busy
 	}
-	return r.local.Submit(ctx, req)
+	return r.ServeLocal(ctx, req)
 }
 
 // sooner is the busy answer that says to retry sooner: a client refused by every candidate

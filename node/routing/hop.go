@@ -28,12 +28,18 @@ const (
 	// ReplicaPath takes a replica: a copy of a conversation's KV that its owner keeps on
 	// the node that takes the conversation over if the owner fails.
 	ReplicaPath = "/internal/v1/kv/replica"
+	// PullPath answers with the KV frame of the conversation named in the body, for the
+	// node that took it over at its last ring change (200), or nothing: 404 when it is not
+	// held here, 204 when the asker would recompute it sooner than receive it.
+	PullPath = "/internal/v1/kv/pull"
 
 	// Major and Minor are the hop protocol version this node speaks. A new minor version
 	// may add fields (receivers ignore fields they do not know); a new major one is not
 	// understood by older nodes, which keep such peers off their rings.
 	Major = 1
-	Minor = 1 // 1.1: keep-alive lines, and the first text event carries the prompt's counts
+	// 1.1: keep-alive lines, and the first text event carries the prompt's counts.
+	// 1.2: requests say whether they follow an earlier answer; KV pulls (PullPath).
+	Minor = 2
 
 	HeaderVersion   = "X-Infernode-Hop-Version" // "major.minor"
 	HeaderFrom      = "X-Infernode-Hop"         // the entry node's id
@@ -60,6 +66,7 @@ var Versions = []int{Major}
 type Request struct {
 	Model            string   `json:"model"`
 	SessionID        string   `json:"session_id"`
+	FollowUp         bool     `json:"follow_up,omitempty"` // since 1.2
 	Prompt           string   `json:"prompt"`
 	MaxTokens        int      `json:"max_tokens,omitempty"`
 	Stop             []string `json:"stop,omitempty"`
@@ -78,7 +85,7 @@ type Request struct {
 
 func wireRequest(model string, r infer.Request) Request {
 	s := r.Sampling
-	return Request{Model: model, SessionID: r.SessionID, Prompt: r.Prompt, MaxTokens: r.MaxTokens, Stop: r.Stop,
+	return Request{Model: model, SessionID: r.SessionID, FollowUp: r.FollowUp, Prompt: r.Prompt, MaxTokens: r.MaxTokens, Stop: r.Stop,
 		Temperature: s.Temperature, TopK: s.TopK, TopP: s.TopP, MinP: s.MinP, RepeatPenalty: s.RepeatPenalty,
 		PresencePenalty: s.PresencePenalty, FrequencyPenalty: s.FrequencyPenalty, RepeatLastN: s.RepeatLastN, Seed: s.Seed,
 		Logprobs: r.Logprobs, TopLogprobs: r.TopLogprobs}
@@ -86,7 +93,7 @@ func wireRequest(model string, r infer.Request) Request {
 
 // Engine returns the request as the engine takes it.
 func (r Request) Engine() infer.Request {
-	return infer.Request{SessionID: r.SessionID, Prompt: r.Prompt, MaxTokens: r.MaxTokens, Stop: r.Stop,
+	return infer.Request{SessionID: r.SessionID, FollowUp: r.FollowUp, Prompt: r.Prompt, MaxTokens: r.MaxTokens, Stop: r.Stop,
 		Logprobs: r.Logprobs, TopLogprobs: r.TopLogprobs, Sampling: infer.Sampling{Temperature: r.Temperature, TopK: r.TopK, TopP: r.TopP, MinP: r.MinP,
 			RepeatPenalty: r.RepeatPenalty, PresencePenalty: r.PresencePenalty, FrequencyPenalty: r.FrequencyPenalty,
 			RepeatLastN: r.RepeatLastN, Seed: r.Seed}}

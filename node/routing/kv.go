@@ -15,6 +15,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/infernode/infernode/ring"
+	"github.com/infernode/infernode/session/infer"
 )
 
 // Moving conversations' KV caches to their owners: a node that holds a conversation it
@@ -81,19 +82,7 @@ func (r *Router) heirs(key string, n int, gone ...string) []candidate {
 	members := slices.DeleteFunc(r.table.Ring().Members(), func(id string) bool { return slices.Contains(gone, id) })
 	var out []candidate
 	for len(out) < n && len(members) > 0 {
-		names := strings.Join(members, "\x00")
-		rg := r.heirRings[names]
-		if rg == nil {
-			if len(r.heirRings) >= 4*maxReplicas {
-				clear(r.heirRings) // the ring changed since they were made
-			}
-			if r.heirRings == nil {
-				r.heirRings = map[string]*ring.Ring{}
-			}
-			rg = ring.New(r.cfg.Ring, members)
-			r.heirRings[names] = rg
-		}
-		id, ok := rg.Owner(key)
+		id, ok := r.ringOf(members).Owner(key)
 		if !ok {
 			break
 		}
@@ -284,4 +273,132 @@ func (r *Router) sendKV(ctx context.Context, c candidate, path string, frame []b
 		return fmt.Errorf("push KV to %s: %w", c.id, decodeError(resp))
 	}
 	return nil
+}
+
+// Pulling on a miss: a node that joins (or comes back after a crash) owns conversations
+// others served until then. They push them once their rings have been quiet for a moment
+// (node.followRing), and a busy conversation's next turn often comes sooner (the chaos
+// suite saw 0 of 2 such turns warm). So for a while after it joined, the first turn of a
+// conversation a node serves asks the node that would own it without this one, which
+// served it until then, for its KV.
+
+// pullWindow is how long after joining a node pulls: by then the old owners have pushed
+// what they hold.
+const pullWindow = 30 * time.Second
+
+// pullTimeout bounds a pull; the turn waits for it. The old owner sends the frame only
+// when it arrives sooner than the prefill it saves.
+const pullTimeout = 10 * time.Second
+
+// maxPulled bounds a pulled frame (a push's bound is the receiving node's MaxKVBytes).
+const maxPulled = 256 << 20
+
+// importer is what the router needs of the local engine to pull a conversation it does
+// not hold (session.Handle has it).
+type importer interface {
+	Import(ctx context.Context, r io.Reader, replica bool) (infer.Imported, error)
+	Holds(key string) bool
+}
+
+// previousOwner is the node that owned req's conversation before this node joined: the
+// owner on its ring without itself, if req continues an earlier answer (a new
+// conversation has nothing to pull), this node joined within pullWindow and owns the
+// conversation now. It is asked for the conversation's KV once.
+func (r *Router) previousOwner(req infer.Request) (candidate, bool) {
+	key := req.SessionID
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if key == "" || !req.FollowUp || r.joined.IsZero() || r.pulled[key] || r.clock.Now().Sub(r.joined) > pullWindow {
+		return candidate{}, false
+	}
+	members := r.table.Ring().Members()
+	if now, ok := r.ringOf(members).Owner(key); !ok || now != r.cfg.Self {
+		return candidate{}, false
+	}
+	id, ok := r.ringOf(slices.DeleteFunc(slices.Clone(members), func(m string) bool { return m == r.cfg.Self })).Owner(key)
+	if !ok {
+		return candidate{}, false
+	}
+	r.pulled[key] = true
+	return candidate{id: id, addr: r.members[id].Meta.HTTPAddr}, true
+}
+
+// ServeLocal serves req on this node's engine, first pulling its conversation's KV from
+// its previous owner when this node took it over at its last ring change (see
+// previousOwner). A failed pull only means a cold start.
+func (r *Router) ServeLocal(ctx context.Context, req infer.Request) (infer.Stream, error) {
+	if imp, ok := r.local.(importer); ok && !imp.Holds(req.SessionID) {
+		if from, ok := r.previousOwner(req); ok {
+			start := r.clock.Now()
+			n, err := r.pull(ctx, from, req.SessionID, imp)
+			if n > 0 || err != nil {
+				r.ObserveKV("pulled", n, r.clock.Now().Sub(start), err)
+			}
+			r.log.Debug("KV pull", "session", req.SessionID, "from", from.id, "bytes", n, "err", err)
+		}
+	}
+	return r.local.Submit(ctx, req)
+}
+
+// pull asks from for key's KV frame and installs it; it returns the frame's size (0:
+// nothing was sent).
+func (r *Router) pull(ctx context.Context, from candidate, key string, imp importer) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, pullTimeout)
+	defer cancel()
+	body := []byte(key)
+	req, err := http.NewRequestWithContext(ctx, "POST", peerURL(from.addr, PullPath), bytes.NewReader(body))
+	if err != nil {
+		return 0, err
+	}
+	r.auth.sign(req.Header.Set, "POST", PullPath, r.cfg.Self, from.id, body)
+	resp, err := r.client.Do(req)
+	if err != nil {
+		return 0, fmt.Errorf("pull KV from %s: %w", from.id, err)
+	}
+	defer resp.Body.Close()
+	switch resp.StatusCode {
+	case http.StatusOK:
+	case http.StatusNotFound, http.StatusNoContent: // not held there, or cheaper to recompute
+		return 0, nil
+	default:
+		return 0, fmt.Errorf("pull KV from %s: %w", from.id, decodeError(resp))
+	}
+	frame, err := io.ReadAll(io.LimitReader(resp.Body, maxPulled+1))
+	switch {
+	case err != nil:
+		return 0, fmt.Errorf("pull KV from %s: %w", from.id, err)
+	case len(frame) > maxPulled:
+		return 0, fmt.Errorf("pull KV from %s: a frame over %d bytes", from.id, maxPulled)
+	}
+	if _, err := imp.Import(ctx, bytes.NewReader(frame), false); err != nil {
+		return len(frame), err
+	}
+	return len(frame), nil
+}
+
+// WorthMoving says whether sending a frame of size bytes holding tokens to peer beats
+// its prefill (see worthMoving), counting a decision against as a recompute.
+func (r *Router) WorthMoving(peer string, size, tokens int) bool {
+	_, _, ok := r.worthMoving(peer, size, tokens)
+	if !ok {
+		r.kv.transfers.WithLabelValues("sent", "recompute").Inc()
+	}
+	return ok
+}
+
+// ringOf is a ring of members (cached with the heirs' rings). Callers hold mu.
+func (r *Router) ringOf(members []string) *ring.Ring {
+	names := strings.Join(members, "\x00")
+	rg := r.heirRings[names]
+	if rg == nil {
+		if len(r.heirRings) >= 4*maxReplicas {
+			clear(r.heirRings) // the ring changed since they were made
+		}
+		if r.heirRings == nil {
+			r.heirRings = map[string]*ring.Ring{}
+		}
+		rg = ring.New(r.cfg.Ring, members)
+		r.heirRings[names] = rg
+	}
+	return rg
 }

@@ -1,13 +1,18 @@
 package routing
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/infernode/infernode/ring"
+	"github.com/infernode/infernode/session/infer"
 )
 
 // TestReplicaHeirs: with two replicas, a conversation's copies go to the node that takes
@@ -112,5 +117,110 @@ func TestKVBandwidth(t *testing.T) {
 	// The first burst goes at once; the rest at 1 MB a second.
 	if took, least := time.Since(start), time.Duration(float64(size-c.entry.kvLimit.Burst())/1e6*float64(time.Second)); took < least {
 		t.Errorf("%d bytes at 8 Mbit/s took %v, at least %v expected", size, took, least)
+	}
+}
+
+// importingEngine is a local engine that records the frames imported into it.
+type importingEngine struct {
+	*fakeEngine
+	mu     sync.Mutex
+	frames []string
+}
+
+func (e *importingEngine) Holds(string) bool { return false }
+
+func (e *importingEngine) Import(_ context.Context, r io.Reader, _ bool) (infer.Imported, error) {
+	b, _ := io.ReadAll(r)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.frames = append(e.frames, string(b))
+	return infer.Imported{}, nil
+}
+
+// TestPullOnMiss: the first turn of a conversation this node took over at its last ring
+// change pulls its KV from the node that owned it before, once, and the turn is served
+// whether the pull worked or not; after the pull window nothing is pulled.
+func TestPullOnMiss(t *testing.T) {
+	c := newCluster(t, "b", "c")
+	c.net.add("c:80", nil) // c is on the ring but does not answer
+	local := &importingEngine{fakeEngine: c.local}
+	c.entry.local = local
+	// a has just joined b and c (as far as pulls go).
+	c.entry.mu.Lock()
+	c.entry.joined, c.entry.pulled = c.clock.Now(), map[string]bool{}
+	c.entry.mu.Unlock()
+	var moved, unreachable string
+	for i := 0; (moved == "" || unreachable == "") && i < 10000; i++ {
+		key := fmt.Sprint("conv-", i)
+		was, _ := ring.New(c.entry.cfg.Ring, []string{"b", "c"}).Owner(key)
+		now, _ := ring.New(c.entry.cfg.Ring, []string{"a", "b", "c"}).Owner(key)
+		switch {
+		case now == "a" && was == "b" && moved == "":
+			moved = key
+		case now == "a" && was == "c" && unreachable == "":
+			unreachable = key // c is not on the network: the pull fails, the turn runs cold
+		}
+	}
+	if moved == "" || unreachable == "" {
+		t.Fatalf("no key moved from b to a (%q) or from c to a (%q)", moved, unreachable)
+	}
+	turn := func(key string, followUp bool) infer.Request {
+		req := greedy(key, "hi", 2)
+		req.FollowUp = followUp
+		return req
+	}
+	// A first turn has nothing to pull.
+	st, _ := c.entry.ServeLocal(t.Context(), turn(moved, false))
+	collect(st)
+	for range 2 {
+		for _, key := range []string{moved, unreachable} {
+			st, err := c.entry.ServeLocal(t.Context(), turn(key, true))
+			if err != nil {
+				t.Fatal(err)
+			}
+			collect(st)
+		}
+	}
+	if !slices.Equal(local.frames, []string{"frame of " + moved}) {
+		t.Errorf("imported %q, want only the frame of %s, once", local.frames, moved)
+	}
+	c.clock.Advance(pullWindow + time.Second)
+	c.entry.mu.Lock()
+	c.entry.pulled = map[string]bool{}
+	c.entry.mu.Unlock()
+	st, _ = c.entry.ServeLocal(t.Context(), turn(moved, true))
+	collect(st)
+	if len(local.frames) != 1 {
+		t.Errorf("pulled again after the pull window: %q", local.frames)
+	}
+}
+
+// TestJoiningNodeSettles: a starting node is not ready while a ready peer gossip shows it
+// is not yet on its ring (it would serve every conversation itself, cold); once ready, a
+// peer joining after it does not make it unready.
+func TestJoiningNodeSettles(t *testing.T) {
+	clock := newFakeClock()
+	members := &fakeMembers{changes: make(chan struct{}, 1)}
+	r, err := New(testConfig("a", clock, &memNet{peers: map[string]http.Handler{"b:80": http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}), "c:80": http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {})}}), members, newFakeEngine())
+	if err != nil {
+		t.Fatal(err)
+	}
+	members.set(member("b"))
+	r.Sync()
+	if ok, why := r.Ready(); ok {
+		t.Fatal("ready before its first checks of b")
+	} else {
+		t.Logf("not ready: %s", why)
+	}
+	for range r.cfg.Ring.UpAfter {
+		r.ProbeAll(t.Context())
+	}
+	if ok, why := r.Ready(); !ok {
+		t.Fatalf("b on the ring %v, still not ready: %s", r.table.Ring().Members(), why)
+	}
+	members.set(member("b"), member("c"))
+	r.Sync()
+	if ok, why := r.Ready(); !ok {
+		t.Fatalf("unready again when c appeared: %s", why)
 	}
 }

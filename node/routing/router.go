@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -64,6 +65,10 @@ type Router struct {
 	down    map[string]chan struct{} // closed when the peer is declared down (see abandonDown)
 
 	heirRings map[string]*ring.Ring // rings without this node and its first heirs, by members (see heirs)
+	started   time.Time             // when the router was made (see settling)
+	settled   atomic.Bool           // it has been ready
+	joined    time.Time             // when this node's ring first held another member (see previousOwner)
+	pulled    map[string]bool       // conversations pulled since (see pull)
 	ringCh    chan struct{}         // signaled (coalesced) when the ring changes
 	kvSlots   chan struct{}         // KV pushes in flight (see PushKV)
 	kvLimit   *rate.Limiter         // bytes a second of KV pushes (nil: no bound)
@@ -107,6 +112,7 @@ func New(cfg Config, g Membership, local Engine) (*Router, error) {
 		ringCh:  make(chan struct{}, 1),
 		kvSlots: make(chan struct{}, cfg.KVTransfers),
 		kvRates: map[string]float64{},
+		started: clock.Now(),
 		kv:      newKVMetrics(),
 		forwards: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "infernode_forwards_total", Help: "Requests forwarded to their owner, by outcome.",
@@ -148,8 +154,30 @@ func (r *Router) Ready() (bool, string) {
 		return false, "model loading or engine stopped"
 	case !r.gossip.Joined():
 		return false, "gossip has not joined the cluster yet"
+	case r.settling():
+		return false, "peers are not on this node's ring yet"
 	}
+	r.settled.Store(true)
 	return true, ""
+}
+
+// settleGrace bounds how long a starting node waits for the peers gossip shows it to
+// join its ring (see settling).
+const settleGrace = 10 * time.Second
+
+// settling reports whether this node, never ready yet and started within settleGrace,
+// sees in gossip a ready peer that is not yet on its ring, its first checks to come. Until
+// they are, the node would own every conversation it is asked about and serve them cold
+// (the chaos suite saw a joining node do that for half a second), so it is not ready:
+// peers leave it off their rings and clients go elsewhere. Once ready, a node stays so
+// whoever joins after it.
+func (r *Router) settling() bool {
+	if r.settled.Load() || r.clock.Now().Sub(r.started) > settleGrace {
+		return false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.ContainsFunc(r.table.Peers(), func(p ring.Peer) bool { return p.Pending })
 }
 
 // Run follows membership, checks peers and gossips this node's state until ctx ends.
@@ -276,7 +304,11 @@ func (r *Router) Sync() {
 // ringChanged logs the new ring and abandons forwards to peers declared down. Callers hold
 // mu.
 func (r *Router) ringChanged() {
-	r.log.Info("ring changed", "members", r.table.Ring().Members())
+	members := r.table.Ring().Members()
+	r.log.Info("ring changed", "members", members)
+	if r.joined.IsZero() && len(members) > 1 && slices.Contains(members, r.cfg.Self) {
+		r.joined, r.pulled = r.clock.Now(), map[string]bool{}
+	}
 	r.abandonDown()
 	select {
 	case r.ringCh <- struct{}{}:

@@ -13,6 +13,9 @@ type Request struct {
 	// SessionID names the conversation. Turns with the same id reuse its cached KV.
 	// Empty means no conversation: the request uses a free slot and nothing is kept for it.
 	SessionID string
+	// FollowUp: the prompt continues an earlier answer (a chat turn after an assistant
+	// message), so its conversation's KV may be held by another node (routing pulls it).
+	FollowUp bool
 	// Prompt is the text to continue. Control tokens written as text (such as
 	// <|im_start|>) are parsed as such.
 	Prompt string
