@@ -51,10 +51,10 @@ func (*fakeEngine) Stats() infer.Stats { return infer.Stats{} }
 func (f *fakeEngine) Ready() bool      { return !f.notReady }
 
 // The fake engine caches nothing: KV hand-offs are tested with the real one.
-func (*fakeEngine) Export(context.Context, string, io.Writer) (int, error) {
-	return 0, infer.ErrNotCached
+func (*fakeEngine) Snapshot(context.Context, string) (infer.Frame, error) {
+	return nil, infer.ErrNotCached
 }
-func (*fakeEngine) Import(context.Context, io.Reader, bool) (infer.Imported, error) {
+func (*fakeEngine) Import(context.Context, []byte, bool) (infer.Imported, error) {
 	return infer.Imported{}, infer.ErrFrame
 }
 func (*fakeEngine) Conversations(context.Context) ([]string, error) { return nil, nil }

@@ -1,10 +1,9 @@
 package node
 
 import (
-	"bytes"
+	"bufio"
 	"context"
 	"errors"
-	"sync"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -29,7 +28,7 @@ func (s *Server) handleKV(ctx *fasthttp.RequestCtx, replica bool) {
 		return
 	}
 	start := time.Now()
-	res, err := s.engine.Import(s.base, bytes.NewReader(body), replica)
+	res, err := s.engine.Import(s.base, body, replica)
 	s.router.ObserveKV("received", len(body), time.Since(start), err)
 	if err != nil {
 		s.log.Warn("KV frame refused", "from", string(ctx.Request.Header.Peek(routing.HeaderFrom)), "bytes", len(body), "err", err)
@@ -55,10 +54,7 @@ func (s *Server) handlePull(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	key, peer := string(ctx.PostBody()), string(ctx.Request.Header.Peek(routing.HeaderFrom))
-	frame := frameBuffer()
-	defer frames.Put(frame)
-	start := time.Now()
-	tokens, err := s.engine.Export(s.base, key, frame)
+	frame, err := s.engine.Snapshot(s.base, key)
 	switch {
 	case errors.Is(err, infer.ErrNotCached):
 		s.log.Debug("KV pull: not held here", "by", peer, "session", key)
@@ -67,16 +63,24 @@ func (s *Server) handlePull(ctx *fasthttp.RequestCtx) {
 	case err != nil:
 		writeError(ctx, err)
 		return
-	case !s.router.WorthMoving(peer, frame.Len(), tokens):
-		s.log.Debug("KV pull: cheaper to recompute", "by", peer, "session", key, "tokens", tokens, "bytes", frame.Len())
+	case !s.router.WorthMoving(peer, frame.Len(), frame.Tokens()):
+		frame.Release()
+		s.log.Debug("KV pull: cheaper to recompute", "by", peer, "session", key, "tokens", frame.Tokens(), "bytes", frame.Len())
 		ctx.SetStatusCode(fasthttp.StatusNoContent)
 		return
 	}
+	s.log.Debug("KV pulled", "by", peer, "session", key, "tokens", frame.Tokens(), "bytes", frame.Len())
 	ctx.SetContentType("application/octet-stream")
-	ctx.SetBody(frame.Bytes())
-	s.router.ObserveKV("sent", frame.Len(), time.Since(start), nil)
+	start := time.Now()
+	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
+		defer frame.Release()
+		_, err := frame.WriteTo(w)
+		if err == nil {
+			err = w.Flush()
+		}
+		s.router.ObserveKV("sent", frame.Len(), time.Since(start), err)
+	})
 	s.engine.Demote(s.base, key)
-	s.log.Debug("KV pulled", "by", peer, "session", key, "tokens", tokens, "bytes", frame.Len())
 }
 
 // HandOff pushes conversations cached here to their owners, most recently used first,
@@ -177,24 +181,10 @@ func (s *Server) keepWarm(key string) {
 // push exports a conversation and pushes it where why says, returning the peers it went
 // to. ErrNotCached: nothing idle to copy (a next turn already runs, or it was evicted).
 func (s *Server) push(ctx context.Context, key string, why routing.Push) ([]string, error) {
-	frame := frameBuffer()
-	defer frames.Put(frame)
-	tokens, err := s.engine.Export(ctx, key, frame)
+	frame, err := s.engine.Snapshot(ctx, key)
 	if err != nil {
 		return nil, err
 	}
-	return s.router.PushKV(ctx, key, frame.Bytes(), tokens, why)
-}
-
-// frames are KV frames' buffers, kept between pushes: one is tens of megabytes for a
-// long conversation of a realistic model, pushed after every turn (see stateBufs in
-// session).
-var frames sync.Pool
-
-func frameBuffer() *bytes.Buffer {
-	if b, ok := frames.Get().(*bytes.Buffer); ok {
-		b.Reset()
-		return b
-	}
-	return new(bytes.Buffer)
+	defer frame.Release()
+	return s.router.PushKV(ctx, key, frame, why)
 }

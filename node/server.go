@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"sync"
@@ -30,11 +29,11 @@ type Engine interface {
 	ChatPrompt(msgs []infer.Message) (string, error)
 	Stats() infer.Stats
 	Ready() bool
-	// Export writes a cached conversation's KV as a KV frame; Import installs one;
+	// Snapshot copies a cached conversation's KV out as a KV frame; Import installs one;
 	// Conversations lists those cached, most recently used first; Demote keeps one that
 	// moved to its owner as a replica. See session.Engine.
-	Export(ctx context.Context, key string, w io.Writer) (int, error)
-	Import(ctx context.Context, r io.Reader, replica bool) (infer.Imported, error)
+	Snapshot(ctx context.Context, key string) (infer.Frame, error)
+	Import(ctx context.Context, frame []byte, replica bool) (infer.Imported, error)
 	Conversations(ctx context.Context) ([]string, error)
 	Demote(ctx context.Context, key string) error
 }

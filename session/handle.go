@@ -2,7 +2,6 @@ package session
 
 import (
 	"context"
-	"io"
 	"sync/atomic"
 
 	"github.com/infernode/infernode/session/infer"
@@ -54,22 +53,26 @@ func (h *Handle) Ready() bool {
 	return e != nil && e.Ready()
 }
 
-// Export writes a conversation's KV as a frame; see Engine.Export.
-func (h *Handle) Export(ctx context.Context, key string, w io.Writer) (int, error) {
+// Snapshot copies a conversation's KV out for a transfer; see Engine.Snapshot.
+func (h *Handle) Snapshot(ctx context.Context, key string) (infer.Frame, error) {
 	e := h.e.Load()
 	if e == nil {
-		return 0, ErrClosed
+		return nil, ErrClosed
 	}
-	return e.Export(ctx, key, w)
+	s, err := e.Snapshot(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
 }
 
 // Import installs a KV frame; see Engine.Import.
-func (h *Handle) Import(ctx context.Context, r io.Reader, replica bool) (ImportResult, error) {
+func (h *Handle) Import(ctx context.Context, frame []byte, replica bool) (ImportResult, error) {
 	e := h.e.Load()
 	if e == nil {
 		return ImportResult{}, ErrClosed
 	}
-	return e.Import(ctx, r, replica)
+	return e.Import(ctx, frame, replica)
 }
 
 // Holds reports whether a conversation has KV here; see Engine.Holds.

@@ -32,45 +32,93 @@ func (e *Engine) do(ctx context.Context, f func()) error {
 	return nil
 }
 
-// Export writes conversation key's cached KV to w as a KV frame and returns how many
-// tokens it holds. The conversation stays cached here.
-func (e *Engine) Export(ctx context.Context, key string, w io.Writer) (int, error) {
+// Snapshot is a conversation's tokens and llama.cpp sequence state copied out of the
+// engine, written as a KV frame by WriteTo (infer.Frame). It holds the one copy of the
+// state a transfer needs; Release returns its buffer for the next one.
+type Snapshot struct {
+	head   []byte // the frame up to the state: magic, header, tokens, checksums
+	state  []byte
+	tokens int
+	buf    *[]byte
+}
+
+// Snapshot copies conversation key's cached KV out of the engine (between steps). The
+// conversation stays cached here. ErrNotCached: it is not idle here.
+func (e *Engine) Snapshot(ctx context.Context, key string) (*Snapshot, error) {
 	if key == "" {
-		return 0, fmt.Errorf("%w: export needs a conversation key", ErrInvalid)
+		return nil, fmt.Errorf("%w: export needs a conversation key", ErrInvalid)
 	}
 	var tokens []int32
 	var state []byte
 	var err error
 	buf := stateBuffer()
-	defer stateBufs.Put(buf)
-	if err := e.do(ctx, func() {
+	doErr := e.do(ctx, func() {
 		for _, s := range e.slots {
 			if s.key == key && s.job == nil && len(s.tokens) > 0 {
 				tokens = append([]int32(nil), s.tokens...)
 				state, err = e.lctx.SeqState(s.seq, *buf)
-				*buf = keepLarger(*buf, state)
+				if cap(state) > cap(*buf) {
+					*buf = state
+				}
 				return
 			}
 		}
 		err = ErrNotCached
-	}); err != nil {
-		return 0, err
+	})
+	if err = cmp.Or(doErr, err); err != nil {
+		stateBufs.Put(buf)
+		return nil, err
 	}
+	h := frameHeader{Fingerprint: e.cfg.Fingerprint, KVType: e.cfg.KVType, Key: key}
+	head, err := frameHead(h, tokens, state)
+	if err != nil {
+		stateBufs.Put(buf)
+		return nil, fmt.Errorf("export %q: %w", key, err)
+	}
+	return &Snapshot{head: head, state: state, tokens: len(tokens), buf: buf}, nil
+}
+
+// WriteTo writes the KV frame.
+func (s *Snapshot) WriteTo(w io.Writer) (int64, error) {
+	n, err := w.Write(s.head)
+	if err != nil {
+		return int64(n), err
+	}
+	m, err := w.Write(s.state)
+	return int64(n + m), err
+}
+
+// Len is the frame's size; Tokens the conversation's tokens.
+func (s *Snapshot) Len() int    { return len(s.head) + len(s.state) }
+func (s *Snapshot) Tokens() int { return s.tokens }
+
+// Release returns the state's buffer; the snapshot is not used after.
+func (s *Snapshot) Release() {
+	if s.buf != nil {
+		stateBufs.Put(s.buf)
+		s.buf, s.state = nil, nil
+	}
+}
+
+// Export writes conversation key's cached KV to w as a KV frame and returns how many
+// tokens it holds. The conversation stays cached here.
+func (e *Engine) Export(ctx context.Context, key string, w io.Writer) (int, error) {
+	s, err := e.Snapshot(ctx, key)
 	if err != nil {
 		return 0, err
 	}
-	h := frameHeader{Fingerprint: e.cfg.Fingerprint, KVType: e.cfg.KVType, Key: key}
-	if err := writeFrame(w, h, tokens, state); err != nil {
+	defer s.Release()
+	if _, err := s.WriteTo(w); err != nil {
 		return 0, fmt.Errorf("export %q: %w", key, err)
 	}
-	return len(tokens), nil
+	return s.tokens, nil
 }
 
-// stateBufs hold conversations' states between exports and imports: a fresh buffer of
-// tens of megabytes costs page faults and garbage collection every time, and on a machine
-// whose cores all run llama.cpp's threads that time comes out of the steps of the streams
-// decoding (BenchmarkImportStall: p99 inter-token latency 2.9-4.6x the baseline with
-// fresh buffers, 1.4x with these).
+// stateBufs hold conversations' states between exports: a fresh buffer of tens of
+// megabytes costs page faults and garbage collection every time, and on a machine whose
+// cores all run llama.cpp's threads that time comes out of the steps of the streams
+// decoding (BenchmarkImportStall, on the receiving side: p99 inter-token latency
+// 2.9-4.6x the baseline with a fresh buffer for every import, 1.4x without).
 var stateBufs sync.Pool
 
 func stateBuffer() *[]byte {
@@ -80,15 +128,8 @@ func stateBuffer() *[]byte {
 	return new([]byte)
 }
 
-// keepLarger is the buffer to keep of buf and the one a state was read into (grown from it).
-func keepLarger(buf, state []byte) []byte {
-	if cap(state) > cap(buf) {
-		return state
-	}
-	return buf
-}
-
-// Import reads a KV frame from r and installs it as its conversation's cache, replacing any
+// Import checks a KV frame and installs it as its conversation's cache (from where the
+// state lies in frame: no copy is made), replacing any
 // idle copy of that conversation here. A frame for another model or KV type, another
 // format version, a truncated or corrupt one is refused (ErrFrame) and changes nothing;
 // so is one arriving while that conversation runs a turn here, or when every sequence is
@@ -96,12 +137,9 @@ func keepLarger(buf, state []byte) []byte {
 //
 // A replica is a copy kept for a conversation another node serves, for when that node
 // fails: it is evicted before any conversation served here.
-func (e *Engine) Import(ctx context.Context, r io.Reader, replica bool) (ImportResult, error) {
+func (e *Engine) Import(ctx context.Context, frame []byte, replica bool) (ImportResult, error) {
 	want := frameHeader{Fingerprint: e.cfg.Fingerprint, KVType: e.cfg.KVType}
-	buf := stateBuffer()
-	defer stateBufs.Put(buf)
-	h, tokens, state, err := readFrame(r, want, e.seqCells-1, *buf)
-	*buf = keepLarger(*buf, state)
+	h, tokens, state, err := parseFrame(frame, want, e.seqCells-1)
 	if err != nil {
 		return ImportResult{}, err
 	}

@@ -1,12 +1,9 @@
 package session
 
 import (
-	"bufio"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
-	"io"
-	"slices"
 
 	"github.com/cespare/xxhash/v2"
 )
@@ -19,16 +16,19 @@ import (
 //	uint32                     header length, then the header: JSON of frameHeader
 //	int32 x header.Tokens      the conversation's token ids
 //	uint64                     xxhash64 of the header and the token ids
-//	chunks                     uint32 length, uint64 xxhash64 of the data, the data;
-//	                           until header.StateBytes bytes have come
+//	uint64 x chunks            xxhash64 of each frameChunk bytes of the state (the last
+//	                           chunk may be shorter)
+//	header.StateBytes bytes    llama.cpp's sequence state
 //
-// Integers are little-endian. A reader refuses a frame of another version, model
-// fingerprint or KV type before reading its state, and a truncated frame or a bad checksum
-// at the chunk where it shows.
+// Integers are little-endian. The state comes last and whole, so a receiver holding the
+// frame installs the state where it lies, without a copy (version 1 interleaved chunk
+// headers with the state). A reader refuses a frame of another version, model fingerprint
+// or KV type before looking at its state, and a truncated frame or a bad checksum at the
+// chunk where it shows.
 const (
 	frameMagic   = "INKV"
-	frameVersion = 1
-	frameChunk   = 1 << 20 // state bytes a chunk carries at most
+	frameVersion = 2
+	frameChunk   = 1 << 20 // state bytes a checksum covers
 	maxHeader    = 64 << 10
 )
 
@@ -37,62 +37,62 @@ type frameHeader struct {
 	KVType      string `json:"kv_type"`
 	Key         string `json:"key"`         // the conversation
 	Tokens      int    `json:"tokens"`      // token ids that follow the header
-	StateBytes  int64  `json:"state_bytes"` // llama.cpp's sequence state, in chunks
+	StateBytes  int64  `json:"state_bytes"` // llama.cpp's sequence state, at the end
 }
 
-// writeFrame writes a frame for a conversation's tokens and state.
-func writeFrame(w io.Writer, h frameHeader, tokens []int32, state []byte) error {
+// chunks is how many checksums a state of n bytes has.
+func chunks(n int64) int64 { return (n + frameChunk - 1) / frameChunk }
+
+// frameHead is a frame up to its state: magic, version, header, tokens, checksums.
+func frameHead(h frameHeader, tokens []int32, state []byte) ([]byte, error) {
 	h.Tokens, h.StateBytes = len(tokens), int64(len(state))
 	hj, err := json.Marshal(h)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	bw := bufio.NewWriterSize(w, 64<<10)
-	sum := xxhash.New()
-	head := binary.LittleEndian.AppendUint16([]byte(frameMagic), frameVersion)
+	head := make([]byte, 0, 10+len(hj)+4*len(tokens)+8+8*int(chunks(h.StateBytes)))
+	head = binary.LittleEndian.AppendUint16(append(head, frameMagic...), frameVersion)
 	head = binary.LittleEndian.AppendUint32(head, uint32(len(hj)))
 	head = append(head, hj...)
-	toks := make([]byte, 0, 4*len(tokens))
 	for _, t := range tokens {
-		toks = binary.LittleEndian.AppendUint32(toks, uint32(t))
+		head = binary.LittleEndian.AppendUint32(head, uint32(t))
 	}
-	sum.Write(hj)
-	sum.Write(toks)
-	bw.Write(head)
-	bw.Write(toks)
-	bw.Write(binary.LittleEndian.AppendUint64(nil, sum.Sum64()))
+	sum := xxhash.New()
+	sum.Write(head[10:]) // the header and the token ids
+	head = binary.LittleEndian.AppendUint64(head, sum.Sum64())
 	for off := 0; off < len(state); off += frameChunk {
-		chunk := state[off:min(off+frameChunk, len(state))]
-		var ch [12]byte
-		binary.LittleEndian.PutUint32(ch[:4], uint32(len(chunk)))
-		binary.LittleEndian.PutUint64(ch[4:], xxhash.Sum64(chunk))
-		bw.Write(ch[:])
-		if _, err := bw.Write(chunk); err != nil {
-			return err
-		}
+		head = binary.LittleEndian.AppendUint64(head, xxhash.Sum64(state[off:min(off+frameChunk, len(state))]))
 	}
-	return bw.Flush()
+	return head, nil
 }
 
 // maxTokenState bounds a frame's state: a megabyte a token is more than the KV of any
 // model llama.cpp runs on a CPU (a 70B model's is about 320 KB at f16).
 const maxTokenState = 1 << 20
 
-// readFrame reads and checks a frame. It refuses one not made for want (fingerprint and
+// parseFrame checks a frame held in memory and returns its header, tokens and state; the
+// state is a slice of frame, not a copy. It refuses one not made for want (fingerprint and
 // KV type), with more tokens than maxTokens, or with an implausibly large state, before
-// reading its state; then it reads the state into buf (grown if need be), checking every
-// chunk.
-func readFrame(r io.Reader, want frameHeader, maxTokens int, buf []byte) (frameHeader, []int32, []byte, error) {
+// looking at its state; then it checks every chunk of the state.
+func parseFrame(frame []byte, want frameHeader, maxTokens int) (frameHeader, []int32, []byte, error) {
 	var h frameHeader
 	bad := func(format string, args ...any) (frameHeader, []int32, []byte, error) {
 		return h, nil, nil, fmt.Errorf("%w: %s", ErrFrame, fmt.Sprintf(format, args...))
 	}
-	br := bufio.NewReaderSize(r, 64<<10)
-	var pre [10]byte
-	if _, err := io.ReadFull(br, pre[:]); err != nil {
-		return bad("reading its start: %v", err)
+	b := frame
+	take := func(n int) ([]byte, bool) {
+		if n < 0 || n > len(b) {
+			return nil, false
+		}
+		out := b[:n]
+		b = b[n:]
+		return out, true
 	}
-	if string(pre[:4]) != frameMagic {
+	pre, ok := take(10)
+	switch {
+	case !ok:
+		return bad("truncated in its start (%d bytes)", len(frame))
+	case string(pre[:4]) != frameMagic:
 		return bad("not a KV frame")
 	}
 	if v := binary.LittleEndian.Uint16(pre[4:6]); v != frameVersion {
@@ -102,9 +102,9 @@ func readFrame(r io.Reader, want frameHeader, maxTokens int, buf []byte) (frameH
 	if n > maxHeader {
 		return bad("header of %d bytes", n)
 	}
-	hj := make([]byte, n)
-	if _, err := io.ReadFull(br, hj); err != nil {
-		return bad("truncated header: %v", err)
+	hj, ok := take(int(n))
+	if !ok {
+		return bad("truncated header")
 	}
 	if err := json.Unmarshal(hj, &h); err != nil {
 		return bad("header: %v", err)
@@ -119,42 +119,36 @@ func readFrame(r io.Reader, want frameHeader, maxTokens int, buf []byte) (frameH
 	case h.StateBytes < 1 || h.StateBytes > int64(h.Tokens+1)*maxTokenState:
 		return bad("a state of %d bytes for %d tokens", h.StateBytes, h.Tokens)
 	}
-	toks := make([]byte, 4*h.Tokens)
-	var sumb [8]byte
-	if _, err := io.ReadFull(br, toks); err != nil {
-		return bad("truncated tokens: %v", err)
+	toks, ok := take(4 * h.Tokens)
+	if !ok {
+		return bad("truncated tokens")
 	}
-	if _, err := io.ReadFull(br, sumb[:]); err != nil {
-		return bad("truncated header checksum: %v", err)
+	sumb, ok := take(8)
+	if !ok {
+		return bad("truncated header checksum")
 	}
 	sum := xxhash.New()
 	sum.Write(hj)
 	sum.Write(toks)
-	if binary.LittleEndian.Uint64(sumb[:]) != sum.Sum64() {
+	if binary.LittleEndian.Uint64(sumb) != sum.Sum64() {
 		return bad("header checksum mismatch")
+	}
+	table, ok := take(8 * int(chunks(h.StateBytes)))
+	if !ok {
+		return bad("truncated checksum table")
+	}
+	state := b
+	if int64(len(state)) != h.StateBytes {
+		return bad("a state of %d bytes, its header says %d", len(state), h.StateBytes)
+	}
+	for i, off := 0, 0; off < len(state); i, off = i+1, off+frameChunk {
+		if xxhash.Sum64(state[off:min(off+frameChunk, len(state))]) != binary.LittleEndian.Uint64(table[8*i:]) {
+			return bad("checksum mismatch in chunk %d", i)
+		}
 	}
 	tokens := make([]int32, h.Tokens)
 	for i := range tokens {
 		tokens[i] = int32(binary.LittleEndian.Uint32(toks[4*i:]))
-	}
-	state := slices.Grow(buf[:0], int(h.StateBytes))[:h.StateBytes]
-	for off, i := 0, 0; off < len(state); i++ {
-		var ch [12]byte
-		if _, err := io.ReadFull(br, ch[:]); err != nil {
-			return bad("truncated at chunk %d: %v", i, err)
-		}
-		size := int(binary.LittleEndian.Uint32(ch[:4]))
-		if size < 1 || size > frameChunk || size > len(state)-off {
-			return bad("chunk %d of %d bytes at offset %d of %d", i, size, off, len(state))
-		}
-		chunk := state[off : off+size]
-		if _, err := io.ReadFull(br, chunk); err != nil {
-			return bad("truncated in chunk %d: %v", i, err)
-		}
-		if xxhash.Sum64(chunk) != binary.LittleEndian.Uint64(ch[4:]) {
-			return bad("checksum mismatch in chunk %d", i)
-		}
-		off += size
 	}
 	return h, tokens, state, nil
 }

@@ -100,19 +100,6 @@ func (t *fakeTimer) Stop() bool {
 	return true
 }
 
-// pending is how many timers wait to fire.
-func (c *fakeClock) pending() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	n := 0
-	for _, t := range c.timers {
-		if t.state == 0 {
-			n++
-		}
-	}
-	return n
-}
-
 // pendingIn is how many timers wait to fire exactly d from now.
 func (c *fakeClock) pendingIn(d time.Duration) int {
 	c.mu.Lock()

@@ -3,6 +3,7 @@ package routing
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -116,12 +117,12 @@ var (
 // Replicas is how many peers keep a copy of each conversation served here.
 func (r *Router) Replicas() int { return r.cfg.Replicas }
 
-// PushKV sends a conversation's KV frame (tokens long) where why says and returns the
+// PushKV sends a conversation's KV frame where why says and returns the
 // peers it went to. At most Config.KVTransfers pushes run at once and together they keep
 // within Config.KVBandwidth, so transfers never take every connection, core or the link
 // from serving. A peer that would recompute the tokens sooner than the transfer would
 // take is skipped (ErrRecompute).
-func (r *Router) PushKV(ctx context.Context, key string, frame []byte, tokens int, why Push) ([]string, error) {
+func (r *Router) PushKV(ctx context.Context, key string, frame infer.Frame, why Push) ([]string, error) {
 	var to []candidate
 	switch why {
 	case ToOwner:
@@ -139,7 +140,7 @@ func (r *Router) PushKV(ctx context.Context, key string, frame []byte, tokens in
 	var sent []string
 	var errs []error
 	for _, c := range to {
-		if err := r.pushTo(ctx, c, frame, tokens, why); err != nil {
+		if err := r.pushTo(ctx, c, frame, why); err != nil {
 			errs = append(errs, err)
 			continue
 		}
@@ -148,10 +149,10 @@ func (r *Router) PushKV(ctx context.Context, key string, frame []byte, tokens in
 	return sent, errors.Join(errs...)
 }
 
-func (r *Router) pushTo(ctx context.Context, to candidate, frame []byte, tokens int, why Push) error {
-	if transfer, recompute, ok := r.worthMoving(to.id, len(frame), tokens); !ok {
+func (r *Router) pushTo(ctx context.Context, to candidate, frame infer.Frame, why Push) error {
+	if transfer, recompute, ok := r.worthMoving(to.id, frame.Len(), frame.Tokens()); !ok {
 		r.kv.transfers.WithLabelValues("sent", "recompute").Inc()
-		return fmt.Errorf("%w: to %s, %d tokens: transfer %v, prefill %v", ErrRecompute, to.id, tokens,
+		return fmt.Errorf("%w: to %s, %d tokens: transfer %v, prefill %v", ErrRecompute, to.id, frame.Tokens(),
 			transfer.Round(time.Millisecond), recompute.Round(time.Millisecond))
 	}
 	select {
@@ -175,10 +176,10 @@ func (r *Router) pushTo(ctx context.Context, to candidate, frame []byte, tokens 
 	start := r.clock.Now()
 	err := r.sendKV(ctx, to, path, frame)
 	took := r.clock.Now().Sub(start)
-	r.ObserveKV("sent", len(frame), took, err)
-	if err == nil && len(frame) >= minRateSample && took > 0 {
+	r.ObserveKV("sent", frame.Len(), took, err)
+	if err == nil && frame.Len() >= minRateSample && took > 0 {
 		r.mu.Lock()
-		rate := float64(len(frame)) / took.Seconds()
+		rate := float64(frame.Len()) / took.Seconds()
 		if old := r.kvRates[to.id]; old > 0 {
 			rate = old + (rate-old)/rateWindow
 		}
@@ -250,10 +251,24 @@ func (p *paced) Read(b []byte) (int, error) {
 	return n, err
 }
 
-func (r *Router) sendKV(ctx context.Context, c candidate, path string, frame []byte) error {
+// sendKV posts frame to c: written once to hash it for the signature, then again into
+// the request's body as the transport reads it, so the frame is never held whole.
+func (r *Router) sendKV(ctx context.Context, c candidate, path string, frame infer.Frame) error {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.KVTimeout)
 	defer cancel()
-	var body io.Reader = bytes.NewReader(frame)
+	hash := sha256.New()
+	if _, err := frame.WriteTo(hash); err != nil {
+		return err
+	}
+	pr, pw := io.Pipe()
+	written := make(chan struct{})
+	go func() {
+		defer close(written)
+		_, err := frame.WriteTo(pw)
+		pw.CloseWithError(err)
+	}()
+	defer func() { pr.Close(); <-written }() // the frame is the caller's again once this returns
+	var body io.Reader = pr
 	if r.kvLimit != nil {
 		body = &paced{ctx: ctx, r: body, limit: r.kvLimit}
 	}
@@ -261,9 +276,9 @@ func (r *Router) sendKV(ctx context.Context, c candidate, path string, frame []b
 	if err != nil {
 		return err
 	}
-	req.ContentLength = int64(len(frame))
+	req.ContentLength = int64(frame.Len())
 	req.Header.Set("Content-Type", "application/octet-stream")
-	r.auth.sign(req.Header.Set, "POST", path, r.cfg.Self, c.id, frame)
+	r.auth.signHash(req.Header.Set, "POST", path, r.cfg.Self, c.id, [32]byte(hash.Sum(nil)))
 	resp, err := r.client.Do(req)
 	if err != nil {
 		return fmt.Errorf("push KV to %s: %w", c.id, err)
@@ -296,7 +311,7 @@ const maxPulled = 256 << 20
 // importer is what the router needs of the local engine to pull a conversation it does
 // not hold (session.Handle has it).
 type importer interface {
-	Import(ctx context.Context, r io.Reader, replica bool) (infer.Imported, error)
+	Import(ctx context.Context, frame []byte, replica bool) (infer.Imported, error)
 	Holds(key string) bool
 }
 
@@ -370,7 +385,7 @@ func (r *Router) pull(ctx context.Context, from candidate, key string, imp impor
 	case len(frame) > maxPulled:
 		return 0, fmt.Errorf("pull KV from %s: a frame over %d bytes", from.id, maxPulled)
 	}
-	if _, err := imp.Import(ctx, bytes.NewReader(frame), false); err != nil {
+	if _, err := imp.Import(ctx, frame, false); err != nil {
 		return len(frame), err
 	}
 	return len(frame), nil

@@ -64,7 +64,7 @@ type Router struct {
 	refused map[string]bool          // member names refused for claiming a live member's id (logged once)
 	down    map[string]chan struct{} // closed when the peer is declared down (see abandonDown)
 
-	heirRings map[string]*ring.Ring // rings without this node and its first heirs, by members (see heirs)
+	heirRings map[string]*ring.Ring // rings of other member sets, by members (see heirs, previousOwner)
 	started   time.Time             // when the router was made (see settling)
 	settled   atomic.Bool           // it has been ready
 	joined    time.Time             // when this node's ring first held another member (see previousOwner)

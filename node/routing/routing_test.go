@@ -3,6 +3,7 @@ package routing
 import (
 	"context"
 	"errors"
+	"net/http"
 	"strconv"
 	"strings"
 	"testing"
@@ -437,5 +438,35 @@ func TestAuthRotation(t *testing.T) {
 		if err := receiver.verify(in, "a"); err == nil {
 			t.Errorf("%s key: a replay was accepted", tc.name)
 		}
+	}
+}
+
+// TestJoiningNodeSettles: a starting node is not ready while a ready peer gossip shows it
+// is not yet on its ring (it would serve every conversation itself, cold); once ready, a
+// peer joining after it does not make it unready.
+func TestJoiningNodeSettles(t *testing.T) {
+	clock := newFakeClock()
+	members := &fakeMembers{changes: make(chan struct{}, 1)}
+	r, err := New(testConfig("a", clock, &memNet{peers: map[string]http.Handler{"b:80": http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}), "c:80": http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {})}}), members, newFakeEngine())
+	if err != nil {
+		t.Fatal(err)
+	}
+	members.set(member("b"))
+	r.Sync()
+	if ok, why := r.Ready(); ok {
+		t.Fatal("ready before its first checks of b")
+	} else {
+		t.Logf("not ready: %s", why)
+	}
+	for range r.cfg.Ring.UpAfter {
+		r.ProbeAll(t.Context())
+	}
+	if ok, why := r.Ready(); !ok {
+		t.Fatalf("b on the ring %v, still not ready: %s", r.table.Ring().Members(), why)
+	}
+	members.set(member("b"), member("c"))
+	r.Sync()
+	if ok, why := r.Ready(); !ok {
+		t.Fatalf("unready again when c appeared: %s", why)
 	}
 }

@@ -3,6 +3,7 @@ package infer
 import (
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"time"
 )
@@ -97,6 +98,16 @@ type Imported struct {
 	Tokens int           `json:"tokens"`
 	Bytes  int           `json:"bytes"`    // of llama.cpp state
 	Stall  time.Duration `json:"stall_ns"` // the engine's time spent installing it, between steps
+}
+
+// Frame is a conversation's KV copied out of an engine, written as a KV frame (session's
+// format) as many times as asked: once to hash it for a signature, once to send it, so the
+// frame itself is never held in memory. Release returns its buffer to the engine.
+type Frame interface {
+	WriteTo(w io.Writer) (int64, error)
+	Len() int    // bytes WriteTo writes
+	Tokens() int // tokens it holds
+	Release()
 }
 
 // InvalidError says which parameter of a request is wrong and why.
