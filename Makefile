@@ -40,7 +40,7 @@ export CGO_CXXFLAGS := -O3 $(ISA)
 APT_PACKAGES := nlohmann-json3-dev libstb-dev nftables iproute2
 MALGO        := github.com/gen2brain/malgo@v0.11.24
 
-.PHONY: all deps flags build bench-portable model bench-model test race lint tidy-check bench bench-http bench-cluster run chaos chaos-cleanup clean
+.PHONY: all deps flags build bench-portable model bench-model test race lint tidy-check bench bench-http bench-cluster bench-compare run chaos chaos-cleanup clean
 
 all: build
 
@@ -126,6 +126,19 @@ bench-http: build bench-model
 	trap "kill $$pid 2>/dev/null" EXIT; \
 	until curl -sf 127.0.0.1:$(BENCH_PORT)/readyz >/dev/null; do kill -0 $$pid || exit 1; sleep 0.2; done; \
 	$(BIN)/loadgen --url http://127.0.0.1:$(BENCH_PORT) --concurrency 1,4,8 --rounds 5 --max-tokens 64
+
+# bench-compare: infernode against ollama serve, one node each on the realistic-shape
+# model, cmd/loadgen against both, alternating (cmd/benchcompare). ollama is built from
+# the module version in go.mod, with the same compiler flags (the exports above).
+OLLAMA_VERSION = $(shell $(GO) list -m -f '{{.Version}}' github.com/ollama/ollama)
+.build/ollama: go.mod | deps
+	rm -rf .build/ollama-src && mkdir -p .build/ollama-src
+	printf 'module ollamabuild\n\ngo 1.26.0\n\nrequire github.com/ollama/ollama $(OLLAMA_VERSION)\n' > .build/ollama-src/go.mod
+	printf 'package main\n\nimport _ "github.com/ollama/ollama/cmd"\n\nfunc main() {}\n' > .build/ollama-src/main.go
+	cd .build/ollama-src && $(GO) mod tidy && $(GO) build -o ../ollama github.com/ollama/ollama
+
+bench-compare: build bench-model .build/ollama
+	$(BIN)/benchcompare --ollama .build/ollama --model $(BENCH_MODEL) --rounds 2
 
 # run: a local cluster of NODES nodes (HTTP 127.0.0.1:8081.., gossip 7947..), every node
 # joining through the first; Ctrl-C stops them all.

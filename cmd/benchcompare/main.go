@@ -1,0 +1,207 @@
+// Command benchcompare measures infernode and ollama side by side on one machine: the same
+// GGUF, one node each, the same load generator (cmd/loadgen) against both, alternating
+// round by round, and prints one table. make bench-compare builds ollama from the module
+// version in go.mod with the same compiler flags and runs this.
+//
+//	benchcompare --ollama .build/ollama --model models/smollm2-135m-shape.gguf --rounds 2
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+)
+
+// level is one concurrency level of a loadgen run (its -json output).
+type level struct {
+	Concurrency int     `json:"concurrency"`
+	Requests    int     `json:"requests"`
+	Failed      int     `json:"failed"`
+	DecodeTokS  float64 `json:"decode_tok_s"`
+	TTFTp50ms   float64 `json:"ttft_p50_ms"`
+	TTFTp99ms   float64 `json:"ttft_p99_ms"`
+	ITLp50ms    float64 `json:"itl_p50_ms"`
+	ITLp99ms    float64 `json:"itl_p99_ms"`
+	TotalTokens int     `json:"completion_tokens"`
+	WallSeconds float64 `json:"wall_s"`
+}
+
+// server is one server under test.
+type server struct {
+	name, url, model string
+	cmd              *exec.Cmd
+}
+
+func main() {
+	infernode := flag.String("infernode", "bin/infernode", "infernode binary")
+	ollama := flag.String("ollama", ".build/ollama", "ollama binary (make bench-compare builds it)")
+	loadgen := flag.String("loadgen", "bin/loadgen", "loadgen binary")
+	model := flag.String("model", "models/smollm2-135m-shape.gguf", "GGUF both servers serve")
+	rounds := flag.Int("rounds", 2, "rounds, alternating the servers in each")
+	parallel := flag.Int("parallel", 8, "sequences each server runs at once (ollama: OLLAMA_NUM_PARALLEL)")
+	flag.Parse()
+	if err := run(*infernode, *ollama, *loadgen, *model, *rounds, *parallel); err != nil {
+		fmt.Fprintln(os.Stderr, "benchcompare:", err)
+		os.Exit(1)
+	}
+}
+
+func run(infernodeBin, ollamaBin, loadgen, model string, rounds, parallel int) error {
+	model, err := filepath.Abs(model)
+	if err != nil {
+		return err
+	}
+	work, err := os.MkdirTemp("", "benchcompare")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(work)
+	ctx := context.Background()
+
+	inf := &server{name: "infernode", url: "http://127.0.0.1:18581"}
+	inf.cmd = exec.Command(infernodeBin, "--model", model, "--addr", "127.0.0.1:18581", "--seed", "1",
+		"--sequences", fmt.Sprint(parallel), "--log-level", "warn")
+	oll := &server{name: "ollama serve", url: "http://127.0.0.1:18582", model: "bench"}
+	oll.cmd = exec.Command(ollamaBin, "serve")
+	oll.cmd.Env = append(os.Environ(), "OLLAMA_HOST=127.0.0.1:18582", "OLLAMA_MODELS="+filepath.Join(work, "models"),
+		fmt.Sprintf("OLLAMA_NUM_PARALLEL=%d", parallel), "OLLAMA_KEEP_ALIVE=1h")
+	for _, s := range []*server{inf, oll} {
+		s.cmd.Stdout, s.cmd.Stderr = nil, nil
+		s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		if err := s.cmd.Start(); err != nil {
+			return fmt.Errorf("start %s: %w", s.name, err)
+		}
+		defer syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
+	}
+	if err := waitFor(ctx, inf.url+"/readyz", time.Minute); err != nil {
+		return fmt.Errorf("infernode: %w", err)
+	}
+	if err := waitFor(ctx, oll.url+"/", time.Minute); err != nil {
+		return fmt.Errorf("ollama: %w", err)
+	}
+	modelfile := filepath.Join(work, "Modelfile")
+	if err := os.WriteFile(modelfile, []byte("FROM "+model+"\n"), 0o644); err != nil {
+		return err
+	}
+	create := exec.Command(ollamaBin, "create", oll.model, "-f", modelfile)
+	create.Env = append(os.Environ(), "OLLAMA_HOST=127.0.0.1:18582")
+	if out, err := create.CombinedOutput(); err != nil {
+		return fmt.Errorf("ollama create: %w: %s", err, out)
+	}
+
+	// The issue's load: streaming chat, a 32-word prompt, 64 tokens, greedy, closed loop;
+	// 6 requests at 1 stream and 24 at 8, a warm-up first.
+	type cell struct{ one, eight level }
+	results := map[string][]cell{}
+	for _, s := range []*server{inf, oll} {
+		if _, err := measure(loadgen, s, 1, 1); err != nil {
+			return fmt.Errorf("warm-up of %s: %w", s.name, err)
+		}
+	}
+	for r := range rounds {
+		for _, s := range []*server{inf, oll} {
+			fmt.Fprintf(os.Stderr, "round %d: %s\n", r+1, s.name)
+			one, err := measure(loadgen, s, 1, 6)
+			if err != nil {
+				return err
+			}
+			eight, err := measure(loadgen, s, 8, 3)
+			if err != nil {
+				return err
+			}
+			results[s.name] = append(results[s.name], cell{one, eight})
+		}
+	}
+
+	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(w, "server\ttok/s, 1 stream\ttok/s, 8 streams\tTTFT p50, 8\tTTFT p99, 8\tITL p50, 8\tITL p99, 8\tdecode tok/s, 8 (steady)\tfailed\t")
+	for _, s := range []*server{inf, oll} {
+		var cols [8][]string
+		failed := 0
+		for _, c := range results[s.name] {
+			cols[0] = append(cols[0], fmt.Sprintf("%.1f", wallRate(c.one)))
+			cols[1] = append(cols[1], fmt.Sprintf("%.1f", wallRate(c.eight)))
+			cols[2] = append(cols[2], fmt.Sprintf("%.0f ms", c.eight.TTFTp50ms))
+			cols[3] = append(cols[3], fmt.Sprintf("%.0f ms", c.eight.TTFTp99ms))
+			cols[4] = append(cols[4], fmt.Sprintf("%.0f ms", c.eight.ITLp50ms))
+			cols[5] = append(cols[5], fmt.Sprintf("%.0f ms", c.eight.ITLp99ms))
+			cols[6] = append(cols[6], fmt.Sprintf("%.1f", c.eight.DecodeTokS))
+			failed += c.one.Failed + c.eight.Failed
+		}
+		fmt.Fprintf(w, "%s\t", s.name)
+		for _, c := range cols[:7] {
+			fmt.Fprintf(w, "%s\t", strings.Join(c, " / "))
+		}
+		fmt.Fprintf(w, "%d\t\n", failed)
+	}
+	// Ratios within each round: infernode against ollama.
+	for r := range rounds {
+		a, b := results[inf.name][r], results[oll.name][r]
+		fmt.Fprintf(w, "ratio, round %d\t%.2fx\t%.2fx\t%.2fx\t%.2fx\t%.2fx\t%.2fx\t%.2fx\t\t\n", r+1,
+			wallRate(a.one)/wallRate(b.one), wallRate(a.eight)/wallRate(b.eight),
+			a.eight.TTFTp50ms/b.eight.TTFTp50ms, a.eight.TTFTp99ms/b.eight.TTFTp99ms,
+			a.eight.ITLp50ms/b.eight.ITLp50ms, a.eight.ITLp99ms/b.eight.ITLp99ms, a.eight.DecodeTokS/b.eight.DecodeTokS)
+	}
+	return w.Flush()
+}
+
+// wallRate is tokens over wall time: prefill and time to first token included.
+func wallRate(l level) float64 {
+	if l.WallSeconds == 0 {
+		return 0
+	}
+	return float64(l.TotalTokens) / l.WallSeconds
+}
+
+// measure runs loadgen against s: rounds rounds of n concurrent streams.
+func measure(loadgen string, s *server, n, rounds int) (level, error) {
+	args := []string{"--url", s.url, "--concurrency", fmt.Sprint(n), "--rounds", fmt.Sprint(rounds),
+		"--max-tokens", "64", "--prompt-words", "32", "--json"}
+	if s.model != "" {
+		args = append(args, "--model", s.model)
+	}
+	out, err := exec.Command(loadgen, args...).Output()
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			err = fmt.Errorf("%w: %s", err, ee.Stderr)
+		}
+		return level{}, fmt.Errorf("loadgen against %s: %w", s.name, err)
+	}
+	var levels []level
+	if err := json.Unmarshal(out, &levels); err != nil || len(levels) != 1 {
+		return level{}, fmt.Errorf("loadgen against %s: %d levels in %q (%v)", s.name, len(levels), bytes.TrimSpace(out), err)
+	}
+	return levels[0], nil
+}
+
+// waitFor polls url until it answers 200.
+func waitFor(ctx context.Context, url string, limit time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	for {
+		req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s did not answer 200 within %v", url, limit)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
