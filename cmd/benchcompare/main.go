@@ -50,14 +50,15 @@ func main() {
 	model := flag.String("model", "models/smollm2-135m-shape.gguf", "GGUF both servers serve")
 	rounds := flag.Int("rounds", 2, "rounds, alternating the servers in each")
 	parallel := flag.Int("parallel", 8, "sequences each server runs at once (ollama: OLLAMA_NUM_PARALLEL)")
+	extra := flag.String("infernode-args", "", "more infernode flags, space-separated (to compare settings)")
 	flag.Parse()
-	if err := run(*infernode, *ollama, *loadgen, *model, *rounds, *parallel); err != nil {
+	if err := run(*infernode, *ollama, *loadgen, *model, *rounds, *parallel, strings.Fields(*extra)); err != nil {
 		fmt.Fprintln(os.Stderr, "benchcompare:", err)
 		os.Exit(1)
 	}
 }
 
-func run(infernodeBin, ollamaBin, loadgen, model string, rounds, parallel int) error {
+func run(infernodeBin, ollamaBin, loadgen, model string, rounds, parallel int, extra []string) error {
 	model, err := filepath.Abs(model)
 	if err != nil {
 		return err
@@ -70,8 +71,8 @@ func run(infernodeBin, ollamaBin, loadgen, model string, rounds, parallel int) e
 	ctx := context.Background()
 
 	inf := &server{name: "infernode", url: "http://127.0.0.1:18581"}
-	inf.cmd = exec.Command(infernodeBin, "--model", model, "--addr", "127.0.0.1:18581", "--seed", "1",
-		"--sequences", fmt.Sprint(parallel), "--log-level", "warn")
+	inf.cmd = exec.Command(infernodeBin, append([]string{"--model", model, "--addr", "127.0.0.1:18581", "--seed", "1",
+		"--sequences", fmt.Sprint(parallel), "--log-level", "warn"}, extra...)...)
 	oll := &server{name: "ollama serve", url: "http://127.0.0.1:18582", model: "bench"}
 	oll.cmd = exec.Command(ollamaBin, "serve")
 	oll.cmd.Env = append(os.Environ(), "OLLAMA_HOST=127.0.0.1:18582", "OLLAMA_MODELS="+filepath.Join(work, "models"),
