@@ -21,21 +21,9 @@ import (
 	"syscall"
 	"text/tabwriter"
 	"time"
-)
 
-// level is one concurrency level of a loadgen run (its -json output).
-type level struct {
-	Concurrency int     `json:"concurrency"`
-	Requests    int     `json:"requests"`
-	Failed      int     `json:"failed"`
-	DecodeTokS  float64 `json:"decode_tok_s"`
-	TTFTp50ms   float64 `json:"ttft_p50_ms"`
-	TTFTp99ms   float64 `json:"ttft_p99_ms"`
-	ITLp50ms    float64 `json:"itl_p50_ms"`
-	ITLp99ms    float64 `json:"itl_p99_ms"`
-	TotalTokens int     `json:"completion_tokens"`
-	WallSeconds float64 `json:"wall_s"`
-}
+	"github.com/infernode/infernode/internal/measure"
+)
 
 // server is one server under test.
 type server struct {
@@ -103,21 +91,21 @@ func run(infernodeBin, ollamaBin, loadgen, model string, rounds, parallel int, e
 
 	// The issue's load: streaming chat, a 32-word prompt, 64 tokens, greedy, closed loop;
 	// 6 requests at 1 stream and 24 at 8, a warm-up first.
-	type cell struct{ one, eight level }
+	type cell struct{ one, eight measure.Level }
 	results := map[string][]cell{}
 	for _, s := range []*server{inf, oll} {
-		if _, err := measure(loadgen, s, 1, 1); err != nil {
+		if _, err := loadRun(loadgen, s, 1, 1); err != nil {
 			return fmt.Errorf("warm-up of %s: %w", s.name, err)
 		}
 	}
 	for r := range rounds {
 		for _, s := range []*server{inf, oll} {
 			fmt.Fprintf(os.Stderr, "round %d: %s\n", r+1, s.name)
-			one, err := measure(loadgen, s, 1, 6)
+			one, err := loadRun(loadgen, s, 1, 6)
 			if err != nil {
 				return err
 			}
-			eight, err := measure(loadgen, s, 8, 3)
+			eight, err := loadRun(loadgen, s, 8, 3)
 			if err != nil {
 				return err
 			}
@@ -158,15 +146,15 @@ func run(infernodeBin, ollamaBin, loadgen, model string, rounds, parallel int, e
 }
 
 // wallRate is tokens over wall time: prefill and time to first token included.
-func wallRate(l level) float64 {
+func wallRate(l measure.Level) float64 {
 	if l.WallSeconds == 0 {
 		return 0
 	}
 	return float64(l.TotalTokens) / l.WallSeconds
 }
 
-// measure runs loadgen against s: rounds rounds of n concurrent streams.
-func measure(loadgen string, s *server, n, rounds int) (level, error) {
+// loadRun runs loadgen against s: rounds rounds of n concurrent streams.
+func loadRun(loadgen string, s *server, n, rounds int) (measure.Level, error) {
 	args := []string{"--url", s.url, "--concurrency", fmt.Sprint(n), "--rounds", fmt.Sprint(rounds),
 		"--max-tokens", "64", "--prompt-words", "32", "--json"}
 	if s.model != "" {
@@ -178,11 +166,11 @@ func measure(loadgen string, s *server, n, rounds int) (level, error) {
 		if errors.As(err, &ee) {
 			err = fmt.Errorf("%w: %s", err, ee.Stderr)
 		}
-		return level{}, fmt.Errorf("loadgen against %s: %w", s.name, err)
+		return measure.Level{}, fmt.Errorf("loadgen against %s: %w", s.name, err)
 	}
-	var levels []level
+	var levels []measure.Level
 	if err := json.Unmarshal(out, &levels); err != nil || len(levels) != 1 {
-		return level{}, fmt.Errorf("loadgen against %s: %d levels in %q (%v)", s.name, len(levels), bytes.TrimSpace(out), err)
+		return measure.Level{}, fmt.Errorf("loadgen against %s: %d levels in %q (%v)", s.name, len(levels), bytes.TrimSpace(out), err)
 	}
 	return levels[0], nil
 }

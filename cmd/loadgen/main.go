@@ -35,19 +35,6 @@ type result struct {
 	err               error
 }
 
-type level struct {
-	Concurrency int     `json:"concurrency"`
-	Requests    int     `json:"requests"`
-	Failed      int     `json:"failed"`
-	DecodeTokS  float64 `json:"decode_tok_s"`
-	TTFTp50ms   float64 `json:"ttft_p50_ms"`
-	TTFTp99ms   float64 `json:"ttft_p99_ms"`
-	ITLp50ms    float64 `json:"itl_p50_ms"`
-	ITLp99ms    float64 `json:"itl_p99_ms"`
-	TotalTokens int     `json:"completion_tokens"`
-	WallSeconds float64 `json:"wall_s"`
-}
-
 func main() {
 	url := flag.String("url", "http://127.0.0.1:8080", "base URL of the server (without /v1)")
 	model := flag.String("model", "", "model id (default: the first of GET /v1/models)")
@@ -68,7 +55,7 @@ func main() {
 		}
 		*model = m
 	}
-	var out []level
+	var out []measure.Level
 	for _, f := range strings.Split(*levels, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
 		if err != nil || n < 1 {
@@ -196,8 +183,8 @@ func stream(client *http.Client, url, key, model, prompt string, maxTokens int, 
 	return res
 }
 
-func summarize(n int, rs []result, decode float64) level {
-	l := level{Concurrency: n, Requests: len(rs), DecodeTokS: decode}
+func summarize(n int, rs []result, decode float64) measure.Level {
+	l := measure.Level{Concurrency: n, Requests: len(rs), DecodeTokS: decode}
 	var ttft, gaps []time.Duration
 	var first, last time.Time
 	for _, r := range rs {
