@@ -40,8 +40,8 @@ func (s *Server) handleKV(ctx *fasthttp.RequestCtx, replica bool) {
 	writeJSON(ctx, fasthttp.StatusOK, res)
 }
 
-// handlePull answers a peer that took a conversation over at its last ring change with
-// the conversation's KV frame (POST routing.PullPath, the key as body), unless it is not
+// handlePull answers a peer that joined lately and now owns a conversation with the
+// conversation's KV frame (POST routing.PullPath, the key as body), unless it is not
 // held here (404) or the peer would recompute it sooner (204). The copy here stays, as a
 // replica.
 func (s *Server) handlePull(ctx *fasthttp.RequestCtx) {

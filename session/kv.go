@@ -114,11 +114,12 @@ func (e *Engine) Export(ctx context.Context, key string, w io.Writer) (int, erro
 	return s.tokens, nil
 }
 
-// stateBufs hold conversations' states between exports: a fresh buffer of tens of
+// stateBufs hold the states of snapshots between them: a fresh buffer of tens of
 // megabytes costs page faults and garbage collection every time, and on a machine whose
 // cores all run llama.cpp's threads that time comes out of the steps of the streams
-// decoding (BenchmarkImportStall, on the receiving side: p99 inter-token latency
-// 2.9-4.6x the baseline with a fresh buffer for every import, 1.4x without).
+// decoding (measured on the receiving side, when imports still copied the state:
+// BenchmarkImportStall's p99 inter-token latency was 2.9-4.6x the baseline with a fresh
+// buffer for every import, 1.4x with a reused one).
 var stateBufs sync.Pool
 
 func stateBuffer() *[]byte {

@@ -28,9 +28,9 @@ const (
 	// ReplicaPath takes a replica: a copy of a conversation's KV that its owner keeps on
 	// the node that takes the conversation over if the owner fails.
 	ReplicaPath = "/internal/v1/kv/replica"
-	// PullPath answers with the KV frame of the conversation named in the body, for the
-	// node that took it over at its last ring change (200), or nothing: 404 when it is not
-	// held here, 204 when the asker would recompute it sooner than receive it.
+	// PullPath answers with the KV frame of the conversation named in the body, for a
+	// node that joined lately and now owns it (200), or nothing: 404 when it is not held
+	// here, 204 when the asker would recompute it sooner than receive it.
 	PullPath = "/internal/v1/kv/pull"
 
 	// Major and Minor are the hop protocol version this node speaks. A new minor version

@@ -151,7 +151,6 @@ func (r *Router) PushKV(ctx context.Context, key string, frame infer.Frame, why 
 
 func (r *Router) pushTo(ctx context.Context, to candidate, frame infer.Frame, why Push) error {
 	if transfer, recompute, ok := r.worthMoving(to.id, frame.Len(), frame.Tokens()); !ok {
-		r.kv.transfers.WithLabelValues("sent", "recompute").Inc()
 		return fmt.Errorf("%w: to %s, %d tokens: transfer %v, prefill %v", ErrRecompute, to.id, frame.Tokens(),
 			transfer.Round(time.Millisecond), recompute.Round(time.Millisecond))
 	}
@@ -201,8 +200,8 @@ const (
 // to it, and the bandwidth bound) and how long the peer would take to prefill tokens
 // (from the rate it gossips; one that has prefilled nothing yet, such as a node that just
 // joined, is taken to prefill as fast as this node: it serves the same model), and says
-// whether the transfer wins by Config.KVMargin. Either unknown: move it (and so learn the
-// transfer rate).
+// whether the transfer wins by Config.KVMargin, counting a decision against as a
+// recompute. Either unknown: move it (and so learn the transfer rate).
 func (r *Router) worthMoving(peer string, size, tokens int) (transfer, recompute time.Duration, ok bool) {
 	r.mu.Lock()
 	bw, prefill := r.kvRates[peer], float64(r.members[peer].Meta.Prefill)
@@ -218,7 +217,11 @@ func (r *Router) worthMoving(peer string, size, tokens int) (transfer, recompute
 	}
 	transfer = time.Duration(float64(size) / bw * float64(time.Second))
 	recompute = time.Duration(float64(tokens) / prefill * float64(time.Second))
-	return transfer, recompute, float64(transfer)*r.cfg.KVMargin < float64(recompute)
+	ok = float64(transfer)*r.cfg.KVMargin < float64(recompute)
+	if !ok {
+		r.kv.transfers.WithLabelValues("sent", "recompute").Inc()
+	}
+	return transfer, recompute, ok
 }
 
 // kvChunk is the most of a frame sent at once under the bandwidth bound.
@@ -315,31 +318,33 @@ type importer interface {
 	Holds(key string) bool
 }
 
-// previousOwner is the node that owned req's conversation before this node joined: the
-// owner on its ring without itself, if req continues an earlier answer (a new
-// conversation has nothing to pull), this node joined within pullWindow and owns the
+// previousOwner is the node that owned req's conversation before this node joined (its
+// heir: the owner on the ring without this node), if req continues an earlier answer (a
+// new conversation has nothing to pull), this node joined within pullWindow and owns the
 // conversation now. It is asked for the conversation's KV once.
 func (r *Router) previousOwner(req infer.Request) (candidate, bool) {
 	key := req.SessionID
+	if key == "" || !req.FollowUp || !r.Owns(key) {
+		return candidate{}, false
+	}
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	if key == "" || !req.FollowUp || r.joined.IsZero() || r.pulled[key] || r.clock.Now().Sub(r.joined) > pullWindow {
+	asked := r.joined.IsZero() || r.pulled[key] || r.clock.Now().Sub(r.joined) > pullWindow
+	if !asked {
+		r.pulled[key] = true
+	}
+	r.mu.Unlock()
+	if asked {
 		return candidate{}, false
 	}
-	members := r.table.Ring().Members()
-	if now, ok := r.ringOf(members).Owner(key); !ok || now != r.cfg.Self {
+	h := r.heirs(key, 1)
+	if len(h) == 0 {
 		return candidate{}, false
 	}
-	id, ok := r.ringOf(slices.DeleteFunc(slices.Clone(members), func(m string) bool { return m == r.cfg.Self })).Owner(key)
-	if !ok {
-		return candidate{}, false
-	}
-	r.pulled[key] = true
-	return candidate{id: id, addr: r.members[id].Meta.HTTPAddr}, true
+	return h[0], true
 }
 
 // ServeLocal serves req on this node's engine, first pulling its conversation's KV from
-// its previous owner when this node took it over at its last ring change (see
+// its previous owner when this node joined lately and does not hold it (see
 // previousOwner). A failed pull only means a cold start.
 func (r *Router) ServeLocal(ctx context.Context, req infer.Request) (infer.Stream, error) {
 	if imp, ok := r.local.(importer); ok && !imp.Holds(req.SessionID) {
@@ -392,12 +397,9 @@ func (r *Router) pull(ctx context.Context, from candidate, key string, imp impor
 }
 
 // WorthMoving says whether sending a frame of size bytes holding tokens to peer beats
-// its prefill (see worthMoving), counting a decision against as a recompute.
+// its prefill (see worthMoving).
 func (r *Router) WorthMoving(peer string, size, tokens int) bool {
 	_, _, ok := r.worthMoving(peer, size, tokens)
-	if !ok {
-		r.kv.transfers.WithLabelValues("sent", "recompute").Inc()
-	}
 	return ok
 }
 

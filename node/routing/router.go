@@ -111,6 +111,7 @@ func New(cfg Config, g Membership, local Engine) (*Router, error) {
 		down:    map[string]chan struct{}{},
 		ringCh:  make(chan struct{}, 1),
 		kvSlots: make(chan struct{}, cfg.KVTransfers),
+		kvLimit: newKVLimit(cfg.KVBandwidth),
 		kvRates: map[string]float64{},
 		started: clock.Now(),
 		kv:      newKVMetrics(),
@@ -131,7 +132,6 @@ func New(cfg Config, g Membership, local Engine) (*Router, error) {
 	if len(cfg.Secret) == 0 {
 		r.log.Warn("hops are not authenticated (insecure): anyone who reaches this node's HTTP port can submit raw requests as a peer")
 	}
-	r.kvLimit = newKVLimit(cfg.KVBandwidth)
 	return r, nil
 }
 
