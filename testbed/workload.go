@@ -195,10 +195,20 @@ func request(ctx context.Context, client *http.Client, entry *Node, msgs []messa
 		r.Kind = "ok"
 		return r
 	}
-	if r.Served != entry.ID { // forwarded: a fault on its owner can resume it elsewhere
-		fl.add(r.Served, 1)
-		defer fl.add(r.Served, -1)
+	// Forwarded: a fault on its owner can resume it elsewhere, until its last token is in
+	// (after it, the owner's death leaves the answer whole: nothing to resume).
+	counted := r.Served != entry.ID
+	uncount := func() {
+		if counted {
+			fl.add(r.Served, -1)
+			counted = false
+		}
 	}
+	if counted {
+		fl.add(r.Served, 1)
+		defer uncount()
+	}
+	pieces := 0
 	var text strings.Builder
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
@@ -244,6 +254,9 @@ func request(ctx context.Context, client *http.Client, entry *Node, msgs []messa
 				r.TTFT = time.Since(r.Start)
 			}
 			text.WriteString(ev.Choices[0].Delta.Content)
+			if pieces++; pieces >= maxTokens {
+				uncount()
+			}
 		}
 	}
 	r.Text = text.String()
