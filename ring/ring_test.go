@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -23,87 +25,120 @@ func keys(n int) []string {
 	return out
 }
 
-// TestBalance measures each peer's share of 100,000 keys: the largest share must stay
-// under 1.15x the mean for 10 peers (and is reported for the others).
+// sizes are the cluster sizes the balance and movement tests cover.
+var sizes = []int{3, 10, 100, 1000}
+
+// TestBalance: the largest peer's share of partitions (and so its expected share of keys)
+// stays under 1.15x the mean from 3 to 1,000 peers. Shares of sampled keys add their own
+// noise on top (200,000 keys at 1,000 peers are 200 a peer, ±7%): the partition share is
+// the exact expectation.
 func TestBalance(t *testing.T) {
-	ks := keys(100_000)
-	for _, n := range []int{3, 5, 10, 50} {
+	for _, n := range sizes {
 		r := New(DefaultConfig(), ids(n))
-		count := map[string]int{}
-		for _, k := range ks {
-			o, _ := r.Owner(k)
-			count[o]++
+		shares := r.Shares()
+		if len(shares) != n {
+			t.Fatalf("%d peers: %d shares", n, len(shares))
 		}
-		mean := float64(len(ks)) / float64(n)
 		maxShare, minShare := 0.0, math.Inf(1)
-		for _, id := range ids(n) {
-			maxShare = max(maxShare, float64(count[id])/mean)
-			minShare = min(minShare, float64(count[id])/mean)
+		for _, s := range shares {
+			maxShare, minShare = max(maxShare, s*float64(n)), min(minShare, s*float64(n))
 		}
-		t.Logf("%2d peers: max share %.3fx mean, min %.3fx", n, maxShare, minShare)
-		if len(count) != n {
-			t.Errorf("%d peers: only %d own keys", n, len(count))
+		t.Logf("%4d peers: max share %.3fx mean, min %.3fx", n, maxShare, minShare)
+		if maxShare > 1.15 {
+			t.Errorf("%d peers: max share %.3fx the mean, want at most 1.15x", n, maxShare)
 		}
-		if n == 10 && maxShare >= 1.15 {
-			t.Errorf("10 peers: max share %.3fx the mean, want under 1.15x", maxShare)
-		}
-		// The load bound is on partitions (keys per partition vary).
-		for id, share := range r.Shares() {
-			if share*float64(n) > 1.25+0.01 { // the bound is rounded up to whole partitions
-				t.Errorf("%d peers: %s holds %.3fx the mean of partitions, over the load bound 1.25", n, id, share*float64(n))
-			}
+		if minShare <= 0 {
+			t.Errorf("%d peers: a peer owns nothing", n)
 		}
 	}
 }
 
-// TestMovement: when one peer joins, the only keys that change owner are those the
-// newcomer takes; when one leaves, only the keys it owned. That is what keeps conversations
-// on the node holding their KV through membership changes elsewhere. The bounded-load
-// partition assignment (Load 1.25) can shift a few overflow partitions between the other
-// peers; at the cluster sizes infernode runs today (up to 10) it moves none, and at 50
-// peers a few hundredths of a percent, which the bound allows.
+// TestMovement: when one peer joins, the keys that change owner are nearly all those the
+// newcomer takes; when one leaves, those it owned. That is what keeps conversations on the
+// node holding their KV through membership changes elsewhere. The load bound reassigns a
+// few overflow partitions between the peers that stayed: none up to 10 peers, and at most
+// a quarter of the ideal movement (1/n) at 100 and 1,000 (docs/SCALE.md).
 func TestMovement(t *testing.T) {
-	ks := keys(100_000)
-	for _, tc := range []struct {
-		n        int
-		maxStray float64 // share of keys that may move between peers that stayed
-	}{{3, 0}, {5, 0}, {10, 0}, {50, 0.001}} {
-		n := tc.n
-		before := New(DefaultConfig(), ids(n))
-		joined := New(DefaultConfig(), ids(n+1))
-		left := New(DefaultConfig(), ids(n)[1:])
-		gone, newcomer := ids(n)[0], ids(n + 1)[n]
+	for _, n := range sizes {
+		cfg := DefaultConfig()
+		before := New(cfg, ids(n))
+		joined := before.Apply([]string{"newcomer"}, nil)
+		left := before.Apply(nil, []string{"node1"})
 		var movedJoin, movedLeave, strayJoin, strayLeave int
-		for _, k := range ks {
-			a, _ := before.Owner(k)
-			b, _ := joined.Owner(k)
-			c, _ := left.Owner(k)
+		for p := range cfg.PartitionCount {
+			a, b, c := before.partitionOwner(p), joined.partitionOwner(p), left.partitionOwner(p)
 			if a != b {
 				movedJoin++
-				if b != newcomer {
+				if b != "newcomer" {
 					strayJoin++
 				}
 			}
 			if a != c {
 				movedLeave++
-				if a != gone {
+				if a != "node1" {
 					strayLeave++
 				}
 			}
 		}
-		join := float64(movedJoin) / float64(len(ks))
-		leave := float64(movedLeave) / float64(len(ks))
-		t.Logf("%2d peers: join moves %.3f (ideal %.3f), leave moves %.3f (ideal %.3f); stray moves %d and %d",
-			n, join, 1/float64(n+1), leave, 1/float64(n), strayJoin, strayLeave)
-		if stray := float64(strayJoin+strayLeave) / float64(len(ks)); stray > tc.maxStray {
-			t.Errorf("%d peers: %d keys moved between peers that stayed on a join, %d on a leave (share %.4f, allowed %.4f)",
-				n, strayJoin, strayLeave, stray, tc.maxStray)
+		parts := float64(cfg.PartitionCount)
+		join, leave := float64(movedJoin)/parts, float64(movedLeave)/parts
+		t.Logf("%4d peers: join moves %.4f (ideal %.4f), leave moves %.4f (ideal %.4f); between peers that stayed %.4f and %.4f",
+			n, join, 1/float64(n+1), leave, 1/float64(n), float64(strayJoin)/parts, float64(strayLeave)/parts)
+		allowed := 0.0
+		if n > 10 {
+			allowed = 0.3 / float64(n)
+		}
+		if max(strayJoin, strayLeave) > int(allowed*parts) {
+			t.Errorf("%d peers: %d partitions moved between peers that stayed on a join, %d on a leave (allowed %.0f each)",
+				n, strayJoin, strayLeave, allowed*parts)
 		}
 		if join > 1.5/float64(n+1) || leave > 1.5/float64(n) {
-			t.Errorf("%d peers: a join moves %.3f of keys, a leave %.3f: more than 1.5x the ideal", n, join, leave)
+			t.Errorf("%d peers: a join moves %.4f of keys, a leave %.4f: more than 1.5x the ideal", n, join, leave)
 		}
 	}
 }
+
+// TestHistory: nodes that apply the same joins and leaves in different orders and batches
+// end with the same owner for every partition (the ring depends on its members only).
+func TestHistory(t *testing.T) {
+	cfg := DefaultConfig()
+	all := ids(60)
+	final := New(cfg, all[:40])
+	rng := rand.New(rand.NewPCG(1, 2))
+	for trial := range 5 {
+		// Start from a random subset and reach all[:40] through random single and batched
+		// changes, with detours through peers that come and go.
+		r := New(cfg, all[20:])
+		ops := rng.Perm(60)
+		for len(ops) > 0 {
+			k := min(len(ops), 1+rng.IntN(8))
+			var add, remove []string
+			for _, i := range ops[:k] {
+				if i < 40 {
+					add = append(add, all[i])
+				} else {
+					remove = append(remove, all[i])
+				}
+			}
+			if rng.IntN(3) == 0 { // a peer that joins and leaves again on the way
+				r = r.Apply([]string{"visitor"}, nil)
+				remove = append(remove, "visitor")
+			}
+			r, ops = r.Apply(add, remove), ops[k:]
+		}
+		if !slices.Equal(r.members, final.members) {
+			t.Fatalf("trial %d: members %v, want %v", trial, r.members, final.members)
+		}
+		for p := range cfg.PartitionCount {
+			if r.partitionOwner(p) != final.partitionOwner(p) {
+				t.Fatalf("trial %d: partition %d owned by %s, built at once: %s", trial, p, r.partitionOwner(p), final.partitionOwner(p))
+			}
+		}
+	}
+}
+
+// partitionOwner is partition p's owner.
+func (r *Ring) partitionOwner(p int) string { return r.members[r.owner[p]] }
 
 func TestOwners(t *testing.T) {
 	r := New(DefaultConfig(), []string{"b", "a", "c", "a"})
@@ -176,7 +211,10 @@ func TestHealth(t *testing.T) {
 
 func TestTable(t *testing.T) {
 	tbl := NewTable(DefaultConfig(), "self")
-	ring := func() string { return fmt.Sprint(tbl.Ring().Members()) }
+	ring := func() string {
+		tbl.Commit()
+		return fmt.Sprint(tbl.Ring().Members())
+	}
 	if ring() != "[]" {
 		t.Fatalf("a node that is not ready is on its own ring: %s", ring())
 	}
@@ -190,8 +228,17 @@ func TestTable(t *testing.T) {
 	if ring() != "[self]" {
 		t.Fatal("one successful check put a new peer on the ring")
 	}
-	if !tbl.Observe("b", true) || ring() != "[b self]" {
+	if !tbl.Observe("b", true) {
+		t.Fatal("two successful checks did not flip b's health")
+	}
+	if tbl.Ring().Has("b") {
+		t.Fatal("b is on the ring before Commit")
+	}
+	if !tbl.Commit() || ring() != "[b self]" {
 		t.Fatalf("two successful checks did not put b on the ring: %s", ring())
+	}
+	if tbl.Commit() {
+		t.Error("a Commit with nothing new changed the ring")
 	}
 	// Not ready, or incompatible: off the ring whatever its health.
 	tbl.SetFacts("b", Facts{Alive: true, Ready: false, Compatible: true})
@@ -220,11 +267,32 @@ func TestTable(t *testing.T) {
 	if ring() != "[b self]" {
 		t.Errorf("b did not return after two successes: %s", ring())
 	}
-	if !tbl.Forget("b") || ring() != "[self]" {
+	tbl.Forget("b")
+	if ring() != "[self]" {
 		t.Errorf("a dead peer stayed on the ring: %s", ring())
 	}
 	peers := tbl.Peers()
 	if len(peers) != 1 || peers[0].ID != "c" || peers[0].OnRing {
 		t.Errorf("Peers() = %+v", peers)
+	}
+}
+
+// TestTableBatches: a join storm recorded between two Commits is one ring update.
+func TestTableBatches(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.UpAfter = 1
+	tbl := NewTable(cfg, "self")
+	tbl.SetSelfReady(true)
+	tbl.Commit()
+	first := tbl.Ring()
+	for _, id := range ids(300) {
+		tbl.SetFacts(id, Facts{Alive: true, Ready: true, Compatible: true})
+		tbl.Observe(id, true)
+	}
+	if tbl.Ring() != first {
+		t.Fatal("the ring changed before Commit")
+	}
+	if !tbl.Commit() || tbl.Ring().Len() != 301 {
+		t.Fatalf("after one Commit the ring has %d members, want 301", tbl.Ring().Len())
 	}
 }

@@ -64,15 +64,16 @@ type Router struct {
 	refused map[string]bool          // member names refused for claiming a live member's id (logged once)
 	down    map[string]chan struct{} // closed when the peer is declared down (see abandonDown)
 
-	heirRings map[string]*ring.Ring // rings of other member sets, by members (see heirs, previousOwner)
-	started   time.Time             // when the router was made (see settling)
-	settled   atomic.Bool           // it has been ready
-	joined    time.Time             // when this node's ring first held another member (see previousOwner)
-	pulled    map[string]bool       // conversations pulled since (see pull)
-	ringCh    chan struct{}         // signaled (coalesced) when the ring changes
-	kvSlots   chan struct{}         // KV pushes in flight (see PushKV)
-	kvLimit   *rate.Limiter         // bytes a second of KV pushes (nil: no bound)
-	kvRates   map[string]float64    // bytes a second of past pushes, by peer id (moving average)
+	heirMu    sync.Mutex
+	heirRings map[heirKey]*ring.Ring // the ring without some members (see heirs), guarded by heirMu
+	started   time.Time              // when the router was made (see settling)
+	settled   atomic.Bool            // it has been ready
+	joined    time.Time              // when this node's ring first held another member (see previousOwner)
+	pulled    map[string]bool        // conversations pulled since (see pull)
+	ringCh    chan struct{}          // signaled (coalesced) when the ring changes
+	kvSlots   chan struct{}          // KV pushes in flight (see PushKV)
+	kvLimit   *rate.Limiter          // bytes a second of KV pushes (nil: no bound)
+	kvRates   map[string]float64     // bytes a second of past pushes, by peer id (moving average)
 
 	forwards *prometheus.CounterVec
 	resumes  prometheus.Counter
@@ -124,11 +125,7 @@ func New(cfg Config, g Membership, local Engine) (*Router, error) {
 	}
 	r.ringSize = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "infernode_ring_members", Help: "Peers on this node's ring, itself included.",
-	}, func() float64 {
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		return float64(len(r.table.Ring().Members()))
-	})
+	}, func() float64 { return float64(r.table.Ring().Len()) })
 	if len(cfg.Secret) == 0 {
 		r.log.Warn("hops are not authenticated (insecure): anyone who reaches this node's HTTP port can submit raw requests as a peer")
 	}
@@ -175,8 +172,6 @@ func (r *Router) settling() bool {
 	if r.settled.Load() || r.clock.Now().Sub(r.started) > settleGrace {
 		return false
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
 	return slices.ContainsFunc(r.table.Peers(), func(p ring.Peer) bool { return p.Pending })
 }
 
@@ -210,11 +205,8 @@ func (r *Router) Publish() {
 	if err != nil {
 		r.log.Error("cannot gossip metadata", "err", err)
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.table.SetSelfReady(ready) {
-		r.ringChanged()
-	}
+	r.table.SetSelfReady(ready)
+	r.commit()
 }
 
 // incompatible says why a peer cannot share this node's ring, or "" when it can.
@@ -233,7 +225,12 @@ func (r *Router) incompatible(m gossip.Meta) string {
 // and the other is refused (a restarted node takes its id over once its old incarnation
 // is dead or gone).
 func (r *Router) Sync() {
-	members := r.gossip.Members()
+	r.record(r.gossip.Members())
+	r.commit()
+}
+
+// record folds gossip's members into the table (see Sync).
+func (r *Router) record(members []gossip.Member) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	byID := map[string]gossip.Member{}
@@ -280,24 +277,32 @@ func (r *Router) Sync() {
 				"holder", byID[m.Meta.ID].Name, "addr", m.Addr)
 		}
 	}
-	changed := false
 	for id := range r.members {
 		if _, ok := byID[id]; !ok {
-			changed = r.table.Forget(id) || changed
+			r.table.Forget(id)
 		}
 	}
 	for id, m := range byID {
 		if m.State != gossip.Alive || m.Meta.Leaving {
-			changed = r.table.Forget(id) || changed
+			r.table.Forget(id)
 		} else {
-			changed = r.table.SetFacts(id, ring.Facts{Alive: true, Ready: m.Meta.Ready, Compatible: r.incompatible(m.Meta) == ""}) || changed
+			r.table.SetFacts(id, ring.Facts{Alive: true, Ready: m.Meta.Ready, Compatible: r.incompatible(m.Meta) == ""})
 		}
 	}
 	r.members = byID
+}
+
+// commit puts the changes recorded in the table on the ring in one update, built outside
+// mu so that lookups never wait for it, then does what a ring change sets off (or, with
+// none, abandons forwards to a peer off the ring that went from leaving to dead).
+func (r *Router) commit() {
+	changed := r.table.Commit()
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	if changed {
 		r.ringChanged()
 	} else {
-		r.abandonDown() // a peer off the ring may have gone from leaving to dead
+		r.abandonDown()
 	}
 }
 
@@ -320,11 +325,11 @@ func (r *Router) ringChanged() {
 // any reason but a graceful leave: a leaving peer finishes the streams it serves (it
 // drains), while a dead, unhealthy or vanished one may never answer. Callers hold mu.
 func (r *Router) abandonDown() {
-	members := r.table.Ring().Members()
+	rg := r.table.Ring()
 	for id, ch := range r.down {
 		m := r.members[id]
 		leaving := (m.Meta.Leaving || m.State == gossip.Left) && m.State != gossip.Dead
-		if !slices.Contains(members, id) && !leaving {
+		if !rg.Has(id) && !leaving {
 			close(ch)
 			delete(r.down, id)
 		}
@@ -341,7 +346,7 @@ func (r *Router) downSignal(peer string) <-chan struct{} {
 	ch, ok := r.down[peer]
 	if !ok {
 		ch = make(chan struct{})
-		if slices.Contains(r.table.Ring().Members(), peer) {
+		if r.table.Ring().Has(peer) {
 			r.down[peer] = ch
 		} else {
 			close(ch)
@@ -371,8 +376,12 @@ func (r *Router) ProbeAll(ctx context.Context) {
 	}
 	wg.Wait()
 	close(results)
+	flipped := false
 	for res := range results {
-		r.observe(res.peer, res.ok, "probe")
+		flipped = r.record1(res.peer, res.ok, "probe") || flipped
+	}
+	if flipped {
+		r.commit()
 	}
 }
 
@@ -398,14 +407,22 @@ func peerURL(addr, path string) string {
 	return (&url.URL{Scheme: "http", Host: addr, Path: path}).String()
 }
 
-// observe records one check of peer's health: a probe, or a forward's outcome.
+// observe records one check of peer's health, a probe or a forward's outcome, and
+// updates the ring when the peer's health flipped.
 func (r *Router) observe(peer string, ok bool, by string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.table.Observe(peer, ok) {
-		r.log.Info("peer health changed", "peer", peer, "healthy", ok, "by", by)
-		r.ringChanged()
+	if r.record1(peer, ok, by) {
+		r.commit()
 	}
+}
+
+// record1 records one check of peer's health and reports whether it flipped; the ring
+// follows at the next commit.
+func (r *Router) record1(peer string, ok bool, by string) bool {
+	if !r.table.Observe(peer, ok) {
+		return false
+	}
+	r.log.Info("peer health changed", "peer", peer, "healthy", ok, "by", by)
+	return true
 }
 
 // candidate is a peer that may serve a key.
@@ -420,12 +437,12 @@ type candidate struct {
 // where it waits least.
 func (r *Router) candidates(key string) []candidate {
 	st := r.local.Stats()
-	r.mu.Lock()
-	defer r.mu.Unlock()
 	ids, err := r.table.Ring().Owners(key, r.cfg.Candidates)
 	if err != nil {
 		return nil // an empty ring: the caller serves locally
 	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	out := make([]candidate, 0, len(ids))
 	for _, id := range ids {
 		if id == r.cfg.Self {
