@@ -287,6 +287,26 @@ func (r *Ring) Owners(key string, n int) ([]string, error) {
 	return out, nil
 }
 
+// Neighbours are the peers up to k places after id in Owners' order (they take over its
+// keys when it fails) and up to k places before it (it takes over theirs), without id
+// and without repeats; none if id is not on the ring.
+func (r *Ring) Neighbours(id string, k int) []string {
+	m, ok := slices.BinarySearch(r.members, id)
+	if !ok {
+		return nil
+	}
+	n := len(r.byName)
+	var out []string
+	for d := 1; d <= k && len(out) < n-1; d++ {
+		for _, at := range []int{int(r.at[m]) + d, int(r.at[m]) - d + n} {
+			if nb := r.members[r.byName[at%n]]; nb != id && !slices.Contains(out, nb) {
+				out = append(out, nb)
+			}
+		}
+	}
+	return out
+}
+
 // Shares is each member's fraction of the partitions (and so, on average, of keys).
 func (r *Ring) Shares() map[string]float64 {
 	out := make(map[string]float64, len(r.members))

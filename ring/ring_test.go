@@ -158,6 +158,12 @@ func TestOwners(t *testing.T) {
 			t.Fatalf("Owners(%q) not deterministic: %v then %v", k, owners, again)
 		}
 	}
+	if got := r.Neighbours("b", 2); len(got) != 2 || slices.Contains(got, "b") {
+		t.Errorf("Neighbours(b, 2) of [a b c] = %v, want a and c", got)
+	}
+	if got := r.Neighbours("x", 1); got != nil {
+		t.Errorf("Neighbours of a non-member = %v", got)
+	}
 	if got, _ := r.Owners("k", 10); len(got) != 3 {
 		t.Errorf("Owners(k, 10) = %v, want all 3 peers", got)
 	}

@@ -35,8 +35,14 @@ type Config struct {
 	// that is accepted; nonces are remembered this long, so a captured hop cannot be
 	// replayed. Default 30s.
 	MaxSkew time.Duration
-	// ProbeInterval is how often every peer's /readyz is checked. Default 500ms.
+	// ProbeInterval is how often peers' /readyz are checked. Default 500ms.
 	ProbeInterval time.Duration
+	// ProbePeers bounds the peers checked each ProbeInterval. A cluster of that many
+	// peers or fewer has every one checked each time; a larger one has this node's ring
+	// neighbours checked each time, then peers not healthy yet (or no longer), then the
+	// rest in turn, and gossip's failure detection stands in for checks between turns.
+	// Default 32.
+	ProbePeers int
 	// ProbeTimeout bounds one check. Default 300ms.
 	ProbeTimeout time.Duration
 	// ConnectTimeout bounds dialing a peer (the default transport only). Default 1s.
@@ -92,6 +98,7 @@ func DefaultConfig() Config {
 		MaxSkew:         30 * time.Second,       // clocks of one cluster agree far better; replays older than this fail
 		ProbeInterval:   500 * time.Millisecond, // 3 failures: a dead peer is off the ring in ~1.5s
 		ProbeTimeout:    300 * time.Millisecond, // a loopback or LAN /readyz answers in well under 10ms
+		ProbePeers:      32,                     // 64 checks a second a node at any size; every peer checked at least every 15s at 1,000
 		ConnectTimeout:  time.Second,            // a LAN connect takes under a millisecond; a refused one fails at once
 		HeaderTimeout:   10 * time.Second,       // the owner answers within KeepAlive, however long its queue
 		KeepAlive:       2 * time.Second,        // cheap, and well inside ProgressTimeout
@@ -131,6 +138,7 @@ func (c Config) Validate() error {
 	check(c.ProbeTimeout < c.ProbeInterval, "probe timeout (%v) must be below the probe interval (%v)", c.ProbeTimeout, c.ProbeInterval)
 	check(c.MaxLine >= 4096, "max line must be at least 4096 bytes, got %d", c.MaxLine)
 	check(c.Candidates >= 1, "candidates must be at least 1, got %d", c.Candidates)
+	check(c.ProbePeers >= 1, "probe peers must be at least 1, got %d", c.ProbePeers)
 	check(c.KVTransfers >= 1, "KV transfers must be at least 1, got %d", c.KVTransfers)
 	p.Positive("KV timeout", c.KVTimeout)
 	check(c.KVBandwidth >= 0, "KV bandwidth must not be negative, got %g", c.KVBandwidth)

@@ -3,6 +3,7 @@ package routing
 import (
 	"cmp"
 	"context"
+	"hash/crc32"
 	"log/slog"
 	"net"
 	"net/http"
@@ -64,16 +65,19 @@ type Router struct {
 	refused map[string]bool          // member names refused for claiming a live member's id (logged once)
 	down    map[string]chan struct{} // closed when the peer is declared down (see abandonDown)
 
-	heirMu    sync.Mutex
-	heirRings map[heirKey]*ring.Ring // the ring without some members (see heirs), guarded by heirMu
-	started   time.Time              // when the router was made (see settling)
-	settled   atomic.Bool            // it has been ready
-	joined    time.Time              // when this node's ring first held another member (see previousOwner)
-	pulled    map[string]bool        // conversations pulled since (see pull)
-	ringCh    chan struct{}          // signaled (coalesced) when the ring changes
-	kvSlots   chan struct{}          // KV pushes in flight (see PushKV)
-	kvLimit   *rate.Limiter          // bytes a second of KV pushes (nil: no bound)
-	kvRates   map[string]float64     // bytes a second of past pushes, by peer id (moving average)
+	// probeSick and probeNext are where the next round's checks of peers that are not
+	// healthy, and of the others, start (see probeTargets); guarded by mu.
+	probeSick, probeNext int
+	heirMu               sync.Mutex
+	heirRings            map[heirKey]*ring.Ring // the ring without some members (see heirs), guarded by heirMu
+	started              time.Time              // when the router was made (see settling)
+	settled              atomic.Bool            // it has been ready
+	joined               time.Time              // when this node's ring first held another member (see previousOwner)
+	pulled               map[string]bool        // conversations pulled since (see pull)
+	ringCh               chan struct{}          // signaled (coalesced) when the ring changes
+	kvSlots              chan struct{}          // KV pushes in flight (see PushKV)
+	kvLimit              *rate.Limiter          // bytes a second of KV pushes (nil: no bound)
+	kvRates              map[string]float64     // bytes a second of past pushes, by peer id (moving average)
 
 	forwards *prometheus.CounterVec
 	resumes  prometheus.Counter
@@ -115,7 +119,9 @@ func New(cfg Config, g Membership, local Engine) (*Router, error) {
 		kvLimit: newKVLimit(cfg.KVBandwidth),
 		kvRates: map[string]float64{},
 		started: clock.Now(),
-		kv:      newKVMetrics(),
+		// Each node starts its turns at its own place (see probeTargets).
+		probeNext: int(crc32.ChecksumIEEE([]byte(cfg.Self)) % (1 << 20)),
+		kv:        newKVMetrics(),
 		forwards: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "infernode_forwards_total", Help: "Requests forwarded to their owner, by outcome.",
 		}, []string{"outcome"}),
@@ -355,16 +361,10 @@ func (r *Router) downSignal(peer string) <-chan struct{} {
 	return ch
 }
 
-// ProbeAll checks every live peer's /readyz at once and records the outcomes.
+// ProbeAll checks this round's peers' /readyz at once (see probeTargets) and records the
+// outcomes.
 func (r *Router) ProbeAll(ctx context.Context) {
-	r.mu.Lock()
-	targets := map[string]string{}
-	for id, m := range r.members {
-		if m.State == gossip.Alive && !m.Meta.Leaving {
-			targets[id] = m.Meta.HTTPAddr
-		}
-	}
-	r.mu.Unlock()
+	targets := r.probeTargets()
 	type result struct {
 		peer string
 		ok   bool
@@ -383,6 +383,56 @@ func (r *Router) ProbeAll(ctx context.Context) {
 	if flipped {
 		r.commit()
 	}
+}
+
+// probeTargets are the peers to check this round, id to HTTP address: every live peer
+// while they number at most Config.ProbePeers, else that many of them: this node's ring
+// neighbours (they take its conversations over if it fails, and it theirs), then peers
+// not healthy yet or no longer (so a newcomer joins rings and a recovered peer returns),
+// then the others in turn from a place that differs from node to node, so the checks
+// of a large cluster do not all land on the same peers at once.
+func (r *Router) probeTargets() map[string]string {
+	rg, peers := r.table.Ring(), r.table.Peers()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	live := map[string]string{}
+	var ids []string
+	for id, m := range r.members {
+		if m.State == gossip.Alive && !m.Meta.Leaving {
+			live[id] = m.Meta.HTTPAddr
+			ids = append(ids, id)
+		}
+	}
+	budget := r.cfg.ProbePeers
+	if len(live) <= budget {
+		return live
+	}
+	out := make(map[string]string, budget)
+	take := func(id string) {
+		if addr, ok := live[id]; ok && len(out) < budget {
+			out[id] = addr
+		}
+	}
+	for _, id := range rg.Neighbours(r.cfg.Self, r.cfg.Candidates-1) {
+		take(id)
+	}
+	var sick []string
+	for _, p := range peers {
+		if !p.Healthy && p.Facts.Ready && p.Facts.Compatible {
+			sick = append(sick, p.ID)
+		}
+	}
+	slices.Sort(ids)
+	for _, group := range []struct {
+		ids    []string
+		cursor *int
+	}{{sick, &r.probeSick}, {ids, &r.probeNext}} {
+		for i := 0; i < len(group.ids) && len(out) < budget; i++ {
+			take(group.ids[*group.cursor%len(group.ids)])
+			*group.cursor++
+		}
+	}
+	return out
 }
 
 func (r *Router) probe(ctx context.Context, addr string) bool {

@@ -3,9 +3,12 @@ package routing
 import (
 	"context"
 	"errors"
+	"fmt"
+	"maps"
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -468,5 +471,87 @@ func TestJoiningNodeSettles(t *testing.T) {
 	r.Sync()
 	if ok, why := r.Ready(); !ok {
 		t.Fatalf("unready again when c appeared: %s", why)
+	}
+}
+
+// TestProbeBudget: in a cluster of 1,000 peers a node checks Config.ProbePeers of them a
+// round, not all 1,000: newcomers first until they are on its ring, its ring neighbours
+// every round, and every peer within about n/ProbePeers rounds; a neighbour that fails
+// is off the ring after DownAfter rounds.
+func TestProbeBudget(t *testing.T) {
+	const n = 1000
+	clock, mn := newFakeClock(), &memNet{peers: map[string]http.Handler{}}
+	var mu sync.Mutex
+	hits, failing := map[string]int{}, map[string]bool{}
+	ms := make([]gossip.Member, n)
+	for i := range ms {
+		id := fmt.Sprintf("p%04d", i)
+		ms[i] = member(id)
+		mn.add(id+":80", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			mu.Lock()
+			defer mu.Unlock()
+			hits[id]++
+			if failing[id] {
+				w.WriteHeader(http.StatusServiceUnavailable)
+			}
+		}))
+	}
+	members := &fakeMembers{changes: make(chan struct{}, 1)}
+	members.set(ms...)
+	r, err := New(testConfig("a", clock, mn), members, newFakeEngine())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Sync()
+	budget := r.cfg.ProbePeers
+	round := func() map[string]int {
+		mu.Lock()
+		clear(hits)
+		mu.Unlock()
+		r.Publish()
+		r.ProbeAll(t.Context())
+		mu.Lock()
+		defer mu.Unlock()
+		if total := len(hits); total > budget {
+			t.Fatalf("one round checked %d peers, budget %d", total, budget)
+		}
+		return maps.Clone(hits)
+	}
+	// A join storm: all 1,000 are new to this node.
+	rounds, limit := 0, r.cfg.Ring.UpAfter*n/budget+5
+	for r.table.Ring().Len() < n+1 {
+		if rounds++; rounds > limit {
+			t.Fatalf("after %d rounds %d of %d peers are on the ring", rounds, r.table.Ring().Len(), n+1)
+		}
+		round()
+	}
+	t.Logf("a join storm of %d peers: all on the ring after %d rounds of at most %d checks", n, rounds, budget)
+	neighbours := r.table.Ring().Neighbours("a", r.cfg.Candidates-1)
+	if len(neighbours) != 2*(r.cfg.Candidates-1) {
+		t.Fatalf("neighbours %v", neighbours)
+	}
+	seen := map[string]bool{}
+	for range n/(budget-len(neighbours)) + 1 {
+		hit := round()
+		for _, id := range neighbours {
+			if hit[id] != 1 {
+				t.Fatalf("neighbour %s checked %d times in a round, want 1", id, hit[id])
+			}
+		}
+		for id := range hit {
+			seen[id] = true
+		}
+	}
+	if len(seen) != n {
+		t.Errorf("%d of %d peers checked in %d rounds", len(seen), n, n/(budget-len(neighbours))+1)
+	}
+	mu.Lock()
+	failing[neighbours[0]] = true
+	mu.Unlock()
+	for range r.cfg.Ring.DownAfter {
+		round()
+	}
+	if r.table.Ring().Has(neighbours[0]) {
+		t.Errorf("neighbour %s failed %d checks and is still on the ring", neighbours[0], r.cfg.Ring.DownAfter)
 	}
 }
