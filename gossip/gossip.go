@@ -1,7 +1,6 @@
 package gossip
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -38,6 +37,13 @@ type Config struct {
 	RejoinInterval time.Duration
 	// MetaInterval bounds how often metadata changes are gossiped. Default 500ms.
 	MetaInterval time.Duration
+	// LoadUpdates bounds the updates a second the whole cluster gossips for changes of
+	// load alone (requests running and waiting, free KV, prefill rate): each member sends
+	// one at most every max(MetaInterval, members/LoadUpdates), so their cost stays flat
+	// as the cluster grows. Other changes (readiness, a full queue, leaving) go out
+	// within MetaInterval at any size. Default 100: every 500ms up to 50 members, every
+	// 10s at 1,000.
+	LoadUpdates float64
 	// Key, if set (16, 24 or 32 bytes), encrypts gossip; every node needs the same key.
 	Key []byte
 	// ExtraKeys are further keys that decrypt (never encrypt) gossip, for rotating Key
@@ -54,6 +60,17 @@ type Config struct {
 	ForgetAfter time.Duration
 	// Logger receives membership logs. Nil means slog.Default().
 	Logger *slog.Logger
+	// Transport carries gossip; nil means memberlist's UDP and TCP on BindAddr:BindPort.
+	// Simulations run whole clusters in one process over an in-memory one
+	// (internal/simnet).
+	Transport memberlist.NodeAwareTransport
+	// DisableCompression turns off memberlist's compression of every message (LZW),
+	// which costs far more CPU than the rest of gossip: simulations of a thousand members
+	// on two cores turn it off. A real node keeps it (its default).
+	DisableCompression bool
+	// Observe, if set, is called with every membership event as it is recorded, from
+	// memberlist's goroutines: it must not block.
+	Observe func(Member)
 }
 
 // DefaultConfig returns gossip settings for a LAN.
@@ -63,6 +80,7 @@ func DefaultConfig() Config {
 		BindPort:       7946,
 		RejoinInterval: 5 * time.Second,
 		MetaInterval:   500 * time.Millisecond,
+		LoadUpdates:    100,                    // docs/SCALE.md: 100 updates a second cost a member ~50 KiB/s at any size
 		ProbeInterval:  500 * time.Millisecond, // memberlist's LAN default is 1s
 		ProbeTimeout:   250 * time.Millisecond, // loopback and LAN round trips are far below this
 		SuspicionMult:  3,                      // suspect → dead after 3*log10(n)*probe, at least 1.5s
@@ -87,9 +105,9 @@ func (c Config) Validate() error {
 	if c.ProbeInterval <= 0 || c.ProbeTimeout <= 0 || c.ProbeTimeout >= c.ProbeInterval {
 		errs = append(errs, fmt.Errorf("gossip: need 0 < probe timeout (%v) < probe interval (%v)", c.ProbeTimeout, c.ProbeInterval))
 	}
-	if c.SuspicionMult < 1 || c.RejoinInterval <= 0 || c.MetaInterval <= 0 || c.ForgetAfter <= 0 {
-		errs = append(errs, fmt.Errorf("gossip: suspicion multiplier (%d), rejoin interval (%v), meta interval (%v) and forget-after (%v) must be positive",
-			c.SuspicionMult, c.RejoinInterval, c.MetaInterval, c.ForgetAfter))
+	if c.SuspicionMult < 1 || c.RejoinInterval <= 0 || c.MetaInterval <= 0 || c.ForgetAfter <= 0 || c.LoadUpdates <= 0 {
+		errs = append(errs, fmt.Errorf("gossip: suspicion multiplier (%d), rejoin interval (%v), meta interval (%v), forget-after (%v) and load updates (%v) must be positive",
+			c.SuspicionMult, c.RejoinInterval, c.MetaInterval, c.ForgetAfter, c.LoadUpdates))
 	}
 	return errors.Join(errs...)
 }
@@ -123,7 +141,7 @@ type Gossip struct {
 
 	mu      sync.Mutex
 	meta    Meta
-	metaNew bool // meta changed since last gossiped; guarded by mu
+	sent    Meta // meta as last gossiped; guarded by mu
 	members map[string]Member
 	addr    string // advertised gossip address, set once Run has started memberlist
 	joined  bool
@@ -148,7 +166,7 @@ func New(cfg Config, meta Meta) (*Gossip, error) {
 	}
 	return &Gossip{
 		cfg: cfg, log: log.With("component", "gossip"), name: cfg.ID + "#" + cfg.Incarnation,
-		meta: meta, members: map[string]Member{}, changes: make(chan struct{}, 1),
+		meta: meta, sent: meta, members: map[string]Member{}, changes: make(chan struct{}, 1),
 	}, nil
 }
 
@@ -185,17 +203,15 @@ func (g *Gossip) Addr() string {
 	return g.addr
 }
 
-// SetMeta replaces this node's metadata; Run gossips it within MetaInterval.
+// SetMeta replaces this node's metadata; Run gossips it within MetaInterval, or for a
+// change of load alone as LoadUpdates allows.
 func (g *Gossip) SetMeta(m Meta) error {
-	b, err := m.Encode()
-	if err != nil {
+	if _, err := m.Encode(); err != nil {
 		return err
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if old, _ := g.meta.Encode(); !bytes.Equal(b, old) {
-		g.meta, g.metaNew = m, true
-	}
+	g.meta = m
 	return nil
 }
 
@@ -216,6 +232,10 @@ func (g *Gossip) Run(ctx context.Context) error {
 		mc.Keyring = kr
 		mc.GossipVerifyIncoming, mc.GossipVerifyOutgoing = true, true
 	}
+	if g.cfg.Transport != nil {
+		mc.Transport = g.cfg.Transport
+	}
+	mc.EnableCompression = !g.cfg.DisableCompression
 	mc.Delegate = delegate{g}
 	mc.Events = events{g}
 	mc.Logger = slog.NewLogLogger(g.log.Handler(), slog.LevelDebug)
@@ -273,9 +293,12 @@ func (g *Gossip) Run(ctx context.Context) error {
 				joinAt, backoff = now.Add(g.cfg.RejoinInterval), 100*time.Millisecond
 			}
 		}
+		members := ml.NumMembers() // before mu: memberlist calls record, which takes mu, under its own lock
 		g.mu.Lock()
-		push := g.metaNew && now.Sub(lastMeta) >= g.cfg.MetaInterval
-		g.metaNew = g.metaNew && !push
+		push := g.due(now.Sub(lastMeta), members)
+		if push {
+			g.sent = g.meta
+		}
 		g.mu.Unlock()
 		if push {
 			lastMeta = now
@@ -290,6 +313,18 @@ func (g *Gossip) Run(ctx context.Context) error {
 		case <-tick.C:
 		}
 	}
+}
+
+// due reports whether this node's metadata should be gossiped now, since after last
+// went out, in a cluster of members. Callers hold mu.
+func (g *Gossip) due(since time.Duration, members int) bool {
+	switch {
+	case since < g.cfg.MetaInterval || g.meta.same(g.sent):
+		return false
+	case !g.meta.withoutLoad().same(g.sent.withoutLoad()) || g.meta.Full() != g.sent.Full():
+		return true
+	}
+	return since.Seconds() >= float64(members)/g.cfg.LoadUpdates
 }
 
 func (g *Gossip) signal() {
@@ -333,6 +368,9 @@ func (g *Gossip) record(n *memberlist.Node, st State) {
 		g.log.Warn("refused metadata from peer", "name", n.Name, "addr", m.Addr, "err", err)
 	}
 	g.log.Debug("member", "name", n.Name, "state", st, "ready", meta.Ready)
+	if g.cfg.Observe != nil {
+		g.cfg.Observe(m)
+	}
 	g.signal()
 }
 

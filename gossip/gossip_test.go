@@ -170,3 +170,43 @@ func TestInvalidMetaAndPruning(t *testing.T) {
 		}
 	}
 }
+
+// TestMetaDue: a change of load alone goes out at most every members/LoadUpdates seconds
+// (and never sooner than MetaInterval); readiness, a full queue or leaving go out within
+// MetaInterval at any size.
+func TestMetaDue(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.ID = "a"
+	base := Meta{ID: "a", HTTPAddr: "h:1", Ready: true, QueueCap: 4, Running: 1}
+	g, err := New(cfg, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	loaded := base
+	loaded.Running, loaded.FreeKV = 3, 100
+	full := loaded
+	full.Waiting = 4
+	unready := base
+	unready.Ready = false
+	for _, tc := range []struct {
+		name    string
+		meta    Meta
+		since   time.Duration
+		members int
+		want    bool
+	}{
+		{"nothing changed", base, time.Minute, 3, false},
+		{"load, small cluster, after MetaInterval", loaded, cfg.MetaInterval, 3, true},
+		{"load, small cluster, before MetaInterval", loaded, cfg.MetaInterval / 2, 3, false},
+		{"load, 1,000 members, after 5s", loaded, 5 * time.Second, 1000, false},
+		{"load, 1,000 members, after 10s", loaded, 10 * time.Second, 1000, true},
+		{"queue full, 1,000 members", full, cfg.MetaInterval, 1000, true},
+		{"not ready, 1,000 members", unready, cfg.MetaInterval, 1000, true},
+		{"not ready, before MetaInterval", unready, cfg.MetaInterval / 2, 3, false},
+	} {
+		g.meta = tc.meta
+		if got := g.due(tc.since, tc.members); got != tc.want {
+			t.Errorf("%s: due = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}

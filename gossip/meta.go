@@ -1,6 +1,7 @@
 package gossip
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -26,6 +27,19 @@ type Meta struct {
 	Prefill     int    `json:"pf,omitempty"`   // prompt tokens it prefills a second at its recent load (0: unknown)
 	Leaving     bool   `json:"leaving,omitempty"`
 	Hop         []int  `json:"hop,omitempty"` // major versions of the hop protocol the node speaks
+}
+
+// withoutLoad is m with the fields that change with load zeroed.
+func (m Meta) withoutLoad() Meta {
+	m.Running, m.Waiting, m.FreeKV, m.Prefill = 0, 0, 0, 0
+	return m
+}
+
+// same reports whether m and o say the same.
+func (m Meta) same(o Meta) bool {
+	a, errA := m.Encode()
+	b, errB := o.Encode()
+	return errA == nil && errB == nil && bytes.Equal(a, b)
 }
 
 // Full reports whether the node's gossiped load says it would refuse a new request.

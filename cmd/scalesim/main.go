@@ -1,0 +1,344 @@
+// Command scalesim measures what grows with the cluster size, by simulation in one
+// process: infernode's gossip (the real gossip package and memberlist, with infernode's
+// settings, encryption and metadata) over an in-memory network of 100 to 1,000 members.
+// It prints one markdown table row a size: time for a join storm to converge, time until
+// every member learns of a crash, false removals under packet loss and under scheduling
+// pauses, and gossip bytes a second a member, idle and with every member's load changing
+// as fast as infernode gossips it.
+//
+//	go run ./cmd/scalesim -n 100,300,1000
+//
+// Ring costs are measured by `go test ./ring -bench Ring`; docs/SCALE.md has both.
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"runtime/debug"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/infernode/infernode/gossip"
+	"github.com/infernode/infernode/internal/simnet"
+)
+
+func main() {
+	sizes := flag.String("n", "100,300,1000", "cluster sizes, comma-separated")
+	window := flag.Duration("window", 20*time.Second, "how long each loss and pause phase runs")
+	wan := flag.Bool("wan", false, "simulate with the WAN settings docs/SCALE.md recommends")
+	compress := flag.Bool("compress", false, "compress gossip as a real node does (LZW: too much CPU for 1,000 members on 2 cores; bytes are then smaller)")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the first 20 seconds here")
+	flag.Parse()
+	debug.SetGCPercent(400) // a thousand members allocate fast; collecting less often leaves them the CPU
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "scalesim:", err)
+			os.Exit(2)
+		}
+		pprof.StartCPUProfile(f) //nolint:errcheck // a profile is best effort
+		time.AfterFunc(20*time.Second, pprof.StopCPUProfile)
+	}
+	fmt.Println("| members | settings | join storm converged | crash known to first / all | live members declared dead (by how many), 1% loss | 5% loss | pauses | bytes/s a member, idle | with load changes |")
+	fmt.Println("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+	for _, s := range strings.Split(*sizes, ",") {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 2 {
+			fmt.Fprintf(os.Stderr, "scalesim: bad size %q\n", s)
+			os.Exit(2)
+		}
+		r, err := simulate(n, *window, *wan, *compress)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "scalesim: %d members: %v\n", n, err)
+			os.Exit(1)
+		}
+		fmt.Println(r)
+	}
+}
+
+// Settings are the gossip settings simulated.
+func settings(wan bool) gossip.Config {
+	cfg := gossip.DefaultConfig()
+	_ = wan
+	return cfg
+}
+
+// member is one simulated node and what it has seen.
+type member struct {
+	g  *gossip.Gossip
+	t  *simnet.Transport
+	id string
+
+	mu    sync.Mutex
+	state map[string]gossip.State // by member id
+	alive int
+}
+
+type sim struct {
+	n       int
+	members []*member
+	crashed sync.Map // id → true
+	mu        sync.Mutex
+	falseDead map[string]int // live members declared dead, by member: how many others did; guarded by mu
+	converged atomic.Int64   // members that have seen all n alive
+	deadSeen atomic.Int64 // members that have seen the crashed one dead
+	crashID  atomic.Value
+}
+
+// seen is the fewest and most members any member sees alive.
+func (s *sim) seen() (lo, hi int) {
+	lo = s.n
+	for _, m := range s.members {
+		m.mu.Lock()
+		lo, hi = min(lo, m.alive), max(hi, m.alive)
+		m.mu.Unlock()
+	}
+	return lo, hi
+}
+
+// observe records one member's event about another.
+func (s *sim) observe(m *member, ev gossip.Member) {
+	id, _, _ := strings.Cut(ev.Name, "#")
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	prev := m.state[id]
+	if prev == ev.State {
+		return
+	}
+	m.state[id] = ev.State
+	if prev == gossip.Alive {
+		m.alive--
+	}
+	if ev.State == gossip.Alive {
+		m.alive++
+		if m.alive == s.n {
+			s.converged.Add(1)
+		}
+	}
+	if ev.State == gossip.Dead {
+		_, down := s.crashed.Load(id)
+		_, cutOff := s.crashed.Load(m.id) // a crashed member sees everyone die
+		if !down && !cutOff {
+			s.mu.Lock()
+			s.falseDead[id]++
+			s.mu.Unlock()
+		} else if c, _ := s.crashID.Load().(string); c == id {
+			s.deadSeen.Add(1)
+		}
+	}
+}
+
+func simulate(n int, window time.Duration, wan, compress bool) (string, error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() {
+		cancel()
+		wg.Wait()
+	}()
+	key := make([]byte, 32)
+	rand.Read(key)
+	network := simnet.New()
+	s := &sim{n: n, falseDead: map[string]int{}}
+	s.crashID.Store("")
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	var seed string
+	start := func(i int) (*member, error) {
+		t := network.NewTransport()
+		m := &member{t: t, id: fmt.Sprintf("node%04d", i), state: map[string]gossip.State{}}
+		cfg := settings(wan)
+		cfg.ID, cfg.Transport, cfg.Key, cfg.Logger = m.id, t, key, quiet
+		cfg.DisableCompression = !compress
+		if i == 0 && os.Getenv("SCALESIM_LOG") != "" {
+			cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		}
+		cfg.Observe = func(ev gossip.Member) { s.observe(m, ev) }
+		if seed != "" {
+			cfg.Join = []string{seed}
+		}
+		g, err := gossip.New(cfg, meta(m.id, t.Addr(), 0))
+		if err != nil {
+			return nil, err
+		}
+		m.g = g
+		wg.Go(func() { g.Run(ctx) }) //nolint:errcheck // a failed start shows as no convergence
+		return m, nil
+	}
+	first, err := start(0)
+	if err != nil {
+		return "", err
+	}
+	seed = first.t.Addr()
+	s.members = append(s.members, first)
+	// The join storm: every other member starts at once and joins through the seed.
+	began := time.Now()
+	for i := 1; i < n; i++ {
+		m, err := start(i)
+		if err != nil {
+			return "", err
+		}
+		s.members = append(s.members, m)
+	}
+	next := began.Add(10 * time.Second)
+	if !waitFor(func() bool {
+		if time.Now().After(next) {
+			next = next.Add(10 * time.Second)
+			lo, hi := s.seen()
+			progress(n, "join storm: %d members see all; each sees %d to %d alive", s.converged.Load(), lo, hi)
+		}
+		return s.converged.Load() >= int64(n)
+	}, 3*time.Minute) {
+		return "", fmt.Errorf("join storm: %d of %d members saw all %d alive after 3 minutes", s.converged.Load(), n, n)
+	}
+	storm := time.Since(began)
+	progress(n, "join storm converged in %v", storm)
+
+	// The storm's news is still being retransmitted; measure once it has died down (the
+	// rate over 2 s stops falling), for at most 3 minutes.
+	settled := time.Now()
+	for prev, peak := 0.0, 0.0; time.Since(settled) < 3*time.Minute; {
+		cur := bandwidth(s, 2*time.Second, nil)
+		peak = max(peak, cur)
+		if cur < peak/2 && cur > 0.9*prev {
+			break
+		}
+		prev = cur
+	}
+	progress(n, "the join storm's gossip died down after %v more", time.Since(settled).Round(time.Second))
+	idle := bandwidth(s, 10*time.Second, nil)
+	churn := bandwidth(s, 10*time.Second, func(round int) {
+		for i, m := range s.members {
+			m.g.SetMeta(meta(m.id, m.t.Addr(), round*7+i)) //nolint:errcheck // fits: tested by meta's size
+		}
+	})
+
+	// A crash: the last member stops answering anything.
+	victim := s.members[n-1]
+	s.crashed.Store(victim.id, true)
+	s.crashID.Store(victim.id)
+	crashed := time.Now()
+	victim.t.Crash()
+	var firstKnown time.Duration
+	if !waitFor(func() bool {
+		if firstKnown == 0 && s.deadSeen.Load() > 0 {
+			firstKnown = time.Since(crashed)
+		}
+		return s.deadSeen.Load() >= int64(n-1)
+	}, 2*time.Minute) {
+		return "", fmt.Errorf("crash: %d of %d members learned of it in 2 minutes", s.deadSeen.Load(), n-1)
+	}
+	allKnown := time.Since(crashed)
+	var dropped int64
+	for _, m := range s.members {
+		dropped += m.t.Overflowed()
+	}
+	progress(n, "bytes/s a member %.0f idle, %.0f with load changes; crash known to all in %v; packets dropped at full inboxes so far: %d",
+		idle, churn, allKnown, dropped)
+
+	// falseUnder counts the live members declared dead during a phase, and by how many
+	// members in all.
+	falseUnder := func(setup func(), teardown func()) string {
+		s.mu.Lock()
+		clear(s.falseDead)
+		s.mu.Unlock()
+		setup()
+		time.Sleep(window) // the phase's length is what is measured over, not a synchronisation
+		teardown()
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		events := 0
+		for _, c := range s.falseDead {
+			events += c
+		}
+		if events == 0 {
+			return "0"
+		}
+		return fmt.Sprintf("%d (by %d)", len(s.falseDead), events)
+	}
+	loss1 := falseUnder(func() { network.SetLoss(0.01) }, func() { network.SetLoss(0) })
+	loss5 := falseUnder(func() { network.SetLoss(0.05) }, func() { network.SetLoss(0) })
+	// Pauses: every 2 s, 3 members are descheduled for 1 s.
+	stop := make(chan struct{})
+	paused := falseUnder(func() {
+		wg.Go(func() {
+			tick := time.NewTicker(2 * time.Second)
+			defer tick.Stop()
+			for round := 0; ; round++ {
+				for k := range 3 {
+					s.members[(round*3+k)%(n-1)].t.Pause(time.Second)
+				}
+				select {
+				case <-stop:
+					return
+				case <-tick.C:
+				}
+			}
+		})
+	}, func() { close(stop) })
+	name := "LAN"
+	if wan {
+		name = "WAN"
+	}
+	return fmt.Sprintf("| %d | %s | %.1f s | %.1f / %.1f s | %s | %s | %s | %s | %s |", n, name, storm.Seconds(),
+		firstKnown.Seconds(), allKnown.Seconds(), loss1, loss5, paused, bytesPerSec(idle), bytesPerSec(churn)), nil
+}
+
+// progress tells stderr how far a simulation is.
+func progress(n int, format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "%s %d members: %s\n", time.Now().Format("15:04:05"), n, fmt.Sprintf(format, args...))
+}
+
+// meta is the metadata a ready infernode node gossips, with load as set by round.
+func meta(id, addr string, round int) gossip.Meta {
+	host, _, _ := strings.Cut(addr, ":")
+	return gossip.Meta{ID: id, HTTPAddr: host + ":8080", Fingerprint: "6f1c2a9e4b7d3c10", Ready: true, Hop: []int{1},
+		Running: round % 8, Waiting: round % 5, FreeKV: 65536 - round%4096, QueueCap: 64, Prefill: 240 + round%30}
+}
+
+// bandwidth is the mean bytes a second each member sent over d, with change (if set)
+// called every 500 ms (infernode's metadata interval).
+func bandwidth(s *sim, d time.Duration, change func(round int)) float64 {
+	sent := func() (total int64) {
+		for _, m := range s.members {
+			total += m.t.Sent()
+		}
+		return total
+	}
+	before, began := sent(), time.Now()
+	tick := time.NewTicker(500 * time.Millisecond)
+	defer tick.Stop()
+	for round := 1; time.Since(began) < d; round++ {
+		if change != nil {
+			change(round)
+		}
+		<-tick.C
+	}
+	return float64(sent()-before) / time.Since(began).Seconds() / float64(len(s.members))
+}
+
+func bytesPerSec(b float64) string {
+	if b >= 1024 {
+		return fmt.Sprintf("%.1f KiB", b/1024)
+	}
+	return fmt.Sprintf("%.0f B", b)
+}
+
+// waitFor polls cond every 50 ms until it holds or limit passes.
+func waitFor(cond func() bool, limit time.Duration) bool {
+	deadline := time.Now().Add(limit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return true
+}
