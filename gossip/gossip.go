@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"slices"
 	"strconv"
@@ -32,8 +33,11 @@ type Config struct {
 	AdvertisePort int
 	// Join lists seed peers (host:port). Empty starts a new cluster.
 	Join []string
-	// RejoinInterval is how often the seeds are joined again, so a node cut off longer
-	// than the dead timeout finds its way back. Default 5s.
+	// RejoinInterval is how often a node that sees members dead (not departed), or sees
+	// none, joins again (a seed, and dead members' addresses), so a node or a side of a
+	// partition cut off longer than the dead timeout finds its way back. A node that
+	// sees every member alive does not: at 1,000 members, rejoining every interval cost
+	// each seed 200 full-state exchanges a second (docs/SCALE.md). Default 5s.
 	RejoinInterval time.Duration
 	// MetaInterval bounds how often metadata changes are gossiped. Default 500ms.
 	MetaInterval time.Duration
@@ -55,6 +59,12 @@ type Config struct {
 	ProbeInterval time.Duration
 	ProbeTimeout  time.Duration
 	SuspicionMult int
+	// GossipInterval and GossipNodes: every GossipInterval, queued news goes to
+	// GossipNodes random members. PushPullInterval is how often a member swaps its whole
+	// state with one other (memberlist stretches it with the cluster's size).
+	GossipInterval   time.Duration
+	GossipNodes      int
+	PushPullInterval time.Duration
 	// ForgetAfter is how long a dead or departed member stays in Members before it is
 	// pruned (so the list does not grow with every process that ever joined). Default 1m.
 	ForgetAfter time.Duration
@@ -76,16 +86,34 @@ type Config struct {
 // DefaultConfig returns gossip settings for a LAN.
 func DefaultConfig() Config {
 	return Config{
-		BindAddr:       "0.0.0.0",
-		BindPort:       7946,
-		RejoinInterval: 5 * time.Second,
-		MetaInterval:   500 * time.Millisecond,
-		LoadUpdates:    100,                    // docs/SCALE.md: 100 updates a second cost a member ~50 KiB/s at any size
-		ProbeInterval:  500 * time.Millisecond, // memberlist's LAN default is 1s
-		ProbeTimeout:   250 * time.Millisecond, // loopback and LAN round trips are far below this
-		SuspicionMult:  3,                      // suspect → dead after 3*log10(n)*probe, at least 1.5s
-		ForgetAfter:    time.Minute,            // long past any view that still routes to it
+		BindAddr:         "0.0.0.0",
+		BindPort:         7946,
+		RejoinInterval:   5 * time.Second,
+		MetaInterval:     500 * time.Millisecond,
+		LoadUpdates:      100,                    // docs/SCALE.md: 100 updates a second cost a member ~50 KiB/s at any size
+		ProbeInterval:    500 * time.Millisecond, // memberlist's LAN default is 1s
+		ProbeTimeout:     250 * time.Millisecond, // loopback and LAN round trips are far below this
+		SuspicionMult:    3,                      // suspect → dead after 3*log10(n)*probe, at least 1.5s
+		GossipInterval:   100 * time.Millisecond, // memberlist's LAN default is 200ms: news spreads twice as fast
+		GossipNodes:      3,                      // memberlist's LAN default
+		PushPullInterval: 30 * time.Second,       // memberlist's LAN default
+		ForgetAfter:      time.Minute,            // long past any view that still routes to it
 	}
+}
+
+// WANConfig returns gossip settings for members spread over a WAN (round trips up to a
+// few hundred milliseconds, some loss): memberlist's WAN defaults, which docs/SCALE.md
+// checks by simulation. A dead member is known dead in about 20 seconds instead of 2.
+func WANConfig() Config {
+	c := DefaultConfig()
+	c.ProbeInterval = 5 * time.Second         // memberlist's WAN default: probes are rarer, so slower links are not flooded
+	c.ProbeTimeout = 3 * time.Second          // above any WAN round trip, with room for a congested queue
+	c.SuspicionMult = 6                       // a suspect has longer to refute before it is declared dead
+	c.GossipInterval = 500 * time.Millisecond // memberlist's WAN default
+	c.GossipNodes = 4                         // fewer rounds, one more member each
+	c.PushPullInterval = 60 * time.Second     // full syncs cost more over a WAN
+	c.MetaInterval = 2 * time.Second          // load news is older anyway by the time it arrives
+	return c
 }
 
 // Validate reports every problem with c at once.
@@ -101,6 +129,10 @@ func (c Config) Validate() error {
 	}
 	if len(c.ExtraKeys) > 0 && len(c.Key) == 0 {
 		errs = append(errs, errors.New("gossip: extra keys need a primary key"))
+	}
+	if c.GossipInterval <= 0 || c.GossipNodes < 1 || c.PushPullInterval <= 0 {
+		errs = append(errs, fmt.Errorf("gossip: gossip interval (%v), gossip nodes (%d) and push-pull interval (%v) must be positive",
+			c.GossipInterval, c.GossipNodes, c.PushPullInterval))
 	}
 	if c.ProbeInterval <= 0 || c.ProbeTimeout <= 0 || c.ProbeTimeout >= c.ProbeInterval {
 		errs = append(errs, fmt.Errorf("gossip: need 0 < probe timeout (%v) < probe interval (%v)", c.ProbeTimeout, c.ProbeInterval))
@@ -223,7 +255,7 @@ func (g *Gossip) Run(ctx context.Context) error {
 	mc.BindAddr, mc.BindPort = g.cfg.BindAddr, g.cfg.BindPort
 	mc.AdvertiseAddr, mc.AdvertisePort = g.cfg.AdvertiseAddr, g.cfg.AdvertisePort
 	mc.ProbeInterval, mc.ProbeTimeout, mc.SuspicionMult = g.cfg.ProbeInterval, g.cfg.ProbeTimeout, g.cfg.SuspicionMult
-	mc.GossipInterval = 100 * time.Millisecond
+	mc.GossipInterval, mc.GossipNodes, mc.PushPullInterval = g.cfg.GossipInterval, g.cfg.GossipNodes, g.cfg.PushPullInterval
 	if len(g.cfg.Key) > 0 {
 		kr, err := memberlist.NewKeyring(g.cfg.ExtraKeys, g.cfg.Key)
 		if err != nil {
@@ -277,11 +309,16 @@ func (g *Gossip) Run(ctx context.Context) error {
 	lastMeta := time.Time{}
 	for {
 		now := time.Now()
-		if len(g.cfg.Join) > 0 && !now.Before(joinAt) {
-			n, err := ml.Join(g.cfg.Join)
+		var targets []string
+		if !now.Before(joinAt) {
+			targets = g.joinTargets(ml.NumMembers())
+			joinAt = now.Add(g.cfg.RejoinInterval) // unless a join below says otherwise
+		}
+		if len(targets) > 0 {
+			n, err := ml.Join(targets)
 			switch {
 			case err != nil && n == 0:
-				g.log.Debug("join failed", "seeds", g.cfg.Join, "err", err, "retry_in", backoff)
+				g.log.Debug("join failed", "addrs", targets, "err", err, "retry_in", backoff)
 				joinAt, backoff = now.Add(backoff), min(2*backoff, g.cfg.RejoinInterval)
 			default:
 				if !g.Joined() {
@@ -313,6 +350,35 @@ func (g *Gossip) Run(ctx context.Context) error {
 		case <-tick.C:
 		}
 	}
+}
+
+// joinFanout bounds the addresses one join contacts: memberlist exchanges its whole state
+// with each, and a seed list may name every node (a headless service's DNS name does).
+const joinFanout = 3
+
+// joinTargets are the addresses to join now, given the members memberlist counts: up to
+// joinFanout seeds in random order until this node has joined; after that, only when it
+// sees a member dead or none at all, one seed and up to two dead members' addresses
+// (either may be on the far side of a healed partition).
+func (g *Gossip) joinTargets(members int) []string {
+	seeds := slices.Clone(g.cfg.Join)
+	rand.Shuffle(len(seeds), func(i, j int) { seeds[i], seeds[j] = seeds[j], seeds[i] })
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.joined {
+		return seeds[:min(joinFanout, len(seeds))]
+	}
+	var dead []string
+	for _, m := range g.members {
+		if m.State == Dead {
+			dead = append(dead, m.Addr)
+		}
+	}
+	if len(dead) == 0 && members > 1 {
+		return nil
+	}
+	rand.Shuffle(len(dead), func(i, j int) { dead[i], dead[j] = dead[j], dead[i] })
+	return append(seeds[:min(1, len(seeds))], dead[:min(joinFanout-1, len(dead))]...)
 }
 
 // due reports whether this node's metadata should be gossiped now, since after last

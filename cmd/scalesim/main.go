@@ -14,6 +14,7 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -38,7 +39,8 @@ func main() {
 	compress := flag.Bool("compress", false, "compress gossip as a real node does (LZW: too much CPU for 1,000 members on 2 cores; bytes are then smaller)")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the first 20 seconds here")
 	flag.Parse()
-	debug.SetGCPercent(400) // a thousand members allocate fast; collecting less often leaves them the CPU
+	debug.SetGCPercent(400)        // a thousand members allocate fast; collecting less often leaves them the CPU
+	debug.SetMemoryLimit(12 << 30) // but collect before memory runs out (1,000 members hold about 1.5 GiB)
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
 		if err != nil {
@@ -67,9 +69,10 @@ func main() {
 
 // Settings are the gossip settings simulated.
 func settings(wan bool) gossip.Config {
-	cfg := gossip.DefaultConfig()
-	_ = wan
-	return cfg
+	if wan {
+		return gossip.WANConfig()
+	}
+	return gossip.DefaultConfig()
 }
 
 // member is one simulated node and what it has seen.
@@ -84,17 +87,17 @@ type member struct {
 }
 
 type sim struct {
-	n       int
-	members []*member
-	crashed sync.Map // id → true
+	n         int
+	members   []*member
+	crashed   sync.Map // id → true
 	mu        sync.Mutex
 	falseDead map[string]int // live members declared dead, by member: how many others did; guarded by mu
 	converged atomic.Int64   // members that have seen all n alive
-	deadSeen atomic.Int64 // members that have seen the crashed one dead
-	crashID  atomic.Value
+	deadSeen  atomic.Int64   // members that have seen the crashed one dead
+	crashID   atomic.Value
 }
 
-// seen is the fewest and most members any member sees alive.
+// seen is the fewest and most members any member started so far sees alive.
 func (s *sim) seen() (lo, hi int) {
 	lo = s.n
 	for _, m := range s.members {
@@ -147,10 +150,13 @@ func simulate(n int, window time.Duration, wan, compress bool) (string, error) {
 	key := make([]byte, 32)
 	rand.Read(key)
 	network := simnet.New()
+	if wan {
+		network.SetLatency(50*time.Millisecond, 15*time.Millisecond) // one way: round trips of about 100 ms
+	}
 	s := &sim{n: n, falseDead: map[string]int{}}
 	s.crashID.Store("")
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	var seed string
+	var seeds []string
 	start := func(i int) (*member, error) {
 		t := network.NewTransport()
 		m := &member{t: t, id: fmt.Sprintf("node%04d", i), state: map[string]gossip.State{}}
@@ -161,9 +167,7 @@ func simulate(n int, window time.Duration, wan, compress bool) (string, error) {
 			cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 		}
 		cfg.Observe = func(ev gossip.Member) { s.observe(m, ev) }
-		if seed != "" {
-			cfg.Join = []string{seed}
-		}
+		cfg.Join = seeds
 		g, err := gossip.New(cfg, meta(m.id, t.Addr(), 0))
 		if err != nil {
 			return nil, err
@@ -172,15 +176,28 @@ func simulate(n int, window time.Duration, wan, compress bool) (string, error) {
 		wg.Go(func() { g.Run(ctx) }) //nolint:errcheck // a failed start shows as no convergence
 		return m, nil
 	}
-	first, err := start(0)
-	if err != nil {
-		return "", err
+	// Five seed members form the cluster, then every other member starts at once and
+	// joins through the seeds (each contacts three of them).
+	const nseeds = 5
+	for i := range nseeds {
+		m, err := start(i)
+		if err != nil {
+			return "", err
+		}
+		s.members = append(s.members, m)
+		if i == 0 {
+			seeds = []string{m.t.Addr()}
+		}
 	}
-	seed = first.t.Addr()
-	s.members = append(s.members, first)
-	// The join storm: every other member starts at once and joins through the seed.
+	if !waitFor(func() bool { lo, _ := s.seen(); return lo >= nseeds }, time.Minute) {
+		return "", errors.New("the seed members did not see each other within a minute")
+	}
+	seeds = nil
+	for _, m := range s.members {
+		seeds = append(seeds, m.t.Addr())
+	}
 	began := time.Now()
-	for i := 1; i < n; i++ {
+	for i := nseeds; i < n; i++ {
 		m, err := start(i)
 		if err != nil {
 			return "", err

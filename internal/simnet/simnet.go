@@ -1,5 +1,5 @@
 // Package simnet is an in-memory network for memberlist: many gossip members in one
-// process, with packet loss, crashed members and paused members, and a count of the bytes
+// process, with packet latency and loss, crashed members and paused members, and a count of the bytes
 // each member sends. memberlist's own MockNetwork delivers packets synchronously and
 // cannot lose or hold them; this one behaves like UDP (a full inbox drops) and TCP (a
 // stream is a net.Pipe).
@@ -8,6 +8,7 @@ package simnet
 import (
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"net"
 	"sync"
@@ -20,40 +21,51 @@ import (
 // inbox is how many packets wait for a member before more are dropped.
 const inbox = 4096
 
-// Network connects Transports.
+// Network connects Transports. Sending a packet takes no lock: a thousand members send
+// thousands a second.
 type Network struct {
-	mu    sync.RWMutex
-	nodes map[string]*Transport // by address
-	loss  float64               // probability a packet is dropped; guarded by mu
-	next  int                   // addresses handed out
+	nodes sync.Map      // address → *Transport
+	next  atomic.Int64  // addresses handed out
+	loss  atomic.Uint64 // probability a packet is dropped, as float64 bits
+	delay atomic.Int64  // one-way packet latency, mean, in nanoseconds
+	sigma atomic.Int64  // and its standard deviation
 }
 
 // New makes an empty network.
-func New() *Network { return &Network{nodes: map[string]*Transport{}} }
+func New() *Network { return &Network{} }
 
 // SetLoss drops each packet (not stream) with probability p from now on.
-func (n *Network) SetLoss(p float64) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	n.loss = p
+func (n *Network) SetLoss(p float64) { n.loss.Store(math.Float64bits(p)) }
+
+// SetLatency delays each packet (not stream) by a normal draw of mean d and standard
+// deviation sigma (never below zero) from now on.
+func (n *Network) SetLatency(d, sigma time.Duration) {
+	n.delay.Store(int64(d))
+	n.sigma.Store(int64(sigma))
 }
 
 // NewTransport makes a member's transport at a fresh address (10.x.y.z:7946).
 func (n *Network) NewTransport() *Transport {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	n.next++
-	ip := net.IPv4(10, byte(n.next>>16), byte(n.next>>8), byte(n.next))
+	i := n.next.Add(1)
+	ip := net.IPv4(10, byte(i>>16), byte(i>>8), byte(i))
 	t := &Transport{net: n, ip: ip, addr: net.JoinHostPort(ip.String(), "7946"),
 		packets: make(chan *memberlist.Packet, inbox), streams: make(chan net.Conn), done: make(chan struct{})}
-	n.nodes[t.addr] = t
+	n.nodes.Store(t.addr, t)
 	return t
 }
 
-func (n *Network) lookup(addr string) (*Transport, float64) {
-	n.mu.RLock()
-	defer n.mu.RUnlock()
-	return n.nodes[addr], n.loss
+// lookup is the transport at addr, whether a packet to it is lost, and its latency.
+func (n *Network) lookup(addr string) (to *Transport, lost bool, latency time.Duration) {
+	if v, ok := n.nodes.Load(addr); ok {
+		to = v.(*Transport)
+	}
+	if p := math.Float64frombits(n.loss.Load()); p > 0 {
+		lost = rand.Float64() < p
+	}
+	if d := n.delay.Load(); d > 0 {
+		latency = max(0, time.Duration(float64(d)+rand.NormFloat64()*float64(n.sigma.Load())))
+	}
+	return to, lost, latency
 }
 
 // Transport is one member's end of the network. It implements
@@ -111,8 +123,8 @@ func (t *Transport) WriteTo(b []byte, addr string) (time.Time, error) {
 func (t *Transport) WriteToAddress(b []byte, a memberlist.Address) (time.Time, error) {
 	now := time.Now()
 	t.sent.Add(int64(len(b)))
-	to, loss := t.net.lookup(a.Addr)
-	if to == nil || t.crashed.Load() || to.crashed.Load() || (loss > 0 && rand.Float64() < loss) {
+	to, lost, latency := t.net.lookup(a.Addr)
+	if to == nil || lost || t.crashed.Load() || to.crashed.Load() {
 		return now, nil
 	}
 	p := &memberlist.Packet{Buf: append([]byte(nil), b...), From: &net.UDPAddr{IP: t.ip, Port: 7946}}
@@ -125,7 +137,7 @@ func (t *Transport) WriteToAddress(b []byte, a memberlist.Address) (time.Time, e
 			to.dropped.Add(1)
 		}
 	}
-	if wait := max(t.held(now), to.held(now)); wait > 0 {
+	if wait := max(t.held(now), to.held(now)) + latency; wait > 0 {
 		time.AfterFunc(wait, deliver)
 	} else {
 		deliver()
@@ -143,7 +155,7 @@ func (t *Transport) DialTimeout(addr string, timeout time.Duration) (net.Conn, e
 
 // DialAddressTimeout implements memberlist.NodeAwareTransport with a net.Pipe.
 func (t *Transport) DialAddressTimeout(a memberlist.Address, timeout time.Duration) (net.Conn, error) {
-	to, _ := t.net.lookup(a.Addr)
+	to, _, _ := t.net.lookup(a.Addr)
 	if to == nil || t.crashed.Load() || to.crashed.Load() {
 		return nil, fmt.Errorf("dial %s: %w", a.Addr, errUnreachable)
 	}
