@@ -181,16 +181,26 @@ func (r *Router) settling() bool {
 	return slices.ContainsFunc(r.table.Peers(), func(p ring.Peer) bool { return p.Pending })
 }
 
+// syncDelay is how long the first of a burst of membership changes (a join storm, a
+// partition healing) waits for the rest, so the burst is one ring update.
+const syncDelay = 50 * time.Millisecond
+
 // Run follows membership, checks peers and gossips this node's state until ctx ends.
 func (r *Router) Run(ctx context.Context) error {
 	probe := time.NewTicker(r.cfg.ProbeInterval)
 	defer probe.Stop()
+	var burst <-chan time.Time // set while a burst of membership changes gathers
 	for {
 		r.Publish()
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-r.gossip.Changes():
+			if burst == nil {
+				burst = time.After(syncDelay)
+			}
+		case <-burst:
+			burst = nil
 			r.Sync()
 		case <-probe.C:
 			r.Sync()

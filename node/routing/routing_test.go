@@ -2,6 +2,7 @@ package routing
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -474,35 +475,50 @@ func TestJoiningNodeSettles(t *testing.T) {
 	}
 }
 
+// big is a router among n in-memory peers that answer their probes (or fail them, when
+// told), counting the probes each gets.
+type big struct {
+	r       *Router
+	members *fakeMembers
+	mu      sync.Mutex
+	hits    map[string]int
+	failing map[string]bool
+}
+
+func newBig(tb testing.TB, n int) *big {
+	clock, mn := newFakeClock(), &memNet{peers: map[string]http.Handler{}}
+	c := &big{members: &fakeMembers{changes: make(chan struct{}, 1)}, hits: map[string]int{}, failing: map[string]bool{}}
+	ms := make([]gossip.Member, n)
+	for i := range ms {
+		id := fmt.Sprintf("p%04d", i)
+		ms[i] = member(id)
+		mn.add(id+":80", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			c.hits[id]++
+			if c.failing[id] {
+				w.WriteHeader(http.StatusServiceUnavailable)
+			}
+		}))
+	}
+	c.members.set(ms...)
+	r, err := New(testConfig("a", clock, mn), c.members, newFakeEngine())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	c.r = r
+	r.Sync()
+	return c
+}
+
 // TestProbeBudget: in a cluster of 1,000 peers a node checks Config.ProbePeers of them a
 // round, not all 1,000: newcomers first until they are on its ring, its ring neighbours
 // every round, and every peer within about n/ProbePeers rounds; a neighbour that fails
 // is off the ring after DownAfter rounds.
 func TestProbeBudget(t *testing.T) {
 	const n = 1000
-	clock, mn := newFakeClock(), &memNet{peers: map[string]http.Handler{}}
-	var mu sync.Mutex
-	hits, failing := map[string]int{}, map[string]bool{}
-	ms := make([]gossip.Member, n)
-	for i := range ms {
-		id := fmt.Sprintf("p%04d", i)
-		ms[i] = member(id)
-		mn.add(id+":80", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-			mu.Lock()
-			defer mu.Unlock()
-			hits[id]++
-			if failing[id] {
-				w.WriteHeader(http.StatusServiceUnavailable)
-			}
-		}))
-	}
-	members := &fakeMembers{changes: make(chan struct{}, 1)}
-	members.set(ms...)
-	r, err := New(testConfig("a", clock, mn), members, newFakeEngine())
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.Sync()
+	c := newBig(t, n)
+	r, mu, hits, failing := c.r, &c.mu, c.hits, c.failing
 	budget := r.cfg.ProbePeers
 	round := func() map[string]int {
 		mu.Lock()
@@ -554,4 +570,39 @@ func TestProbeBudget(t *testing.T) {
 	if r.table.Ring().Has(neighbours[0]) {
 		t.Errorf("neighbour %s failed %d checks and is still on the ring", neighbours[0], r.cfg.Ring.DownAfter)
 	}
+}
+
+// BenchmarkClusterOf1000: what a membership change and a cluster view cost a node among
+// 1,000 peers. sync is one peer's readiness flipping, from gossip's list to the new ring;
+// view is GET /v1/cluster's body (its size is reported as bytes/view).
+//
+//	go test ./node/routing -run '^$' -bench ClusterOf1000 -benchmem
+func BenchmarkClusterOf1000(b *testing.B) {
+	const n = 1000
+	c := newBig(b, n)
+	for c.r.table.Ring().Len() < n+1 {
+		c.r.Publish()
+		c.r.ProbeAll(b.Context())
+	}
+	ms := c.members.Members()
+	b.Run("sync", func(b *testing.B) {
+		i := 0
+		for b.Loop() {
+			ms[i%n].Meta.Ready = !ms[i%n].Meta.Ready
+			c.members.set(ms...)
+			c.r.Sync()
+			i++
+		}
+	})
+	b.Run("view", func(b *testing.B) {
+		size := 0
+		for b.Loop() {
+			body, err := json.Marshal(c.r.View())
+			if err != nil {
+				b.Fatal(err)
+			}
+			size = len(body)
+		}
+		b.ReportMetric(float64(size), "bytes/view")
+	})
 }
