@@ -26,7 +26,7 @@ func keys(n int) []string {
 }
 
 // sizes are the cluster sizes the balance and movement tests cover.
-var sizes = []int{3, 10, 100, 1000}
+var sizes = []int{3, 10, 100, 300, 1000}
 
 // TestBalance: the largest peer's share of partitions (and so its expected share of keys)
 // stays under 1.15x the mean from 3 to 1,000 peers. Shares of sampled keys add their own
@@ -300,5 +300,35 @@ func TestTableBatches(t *testing.T) {
 	}
 	if !tbl.Commit() || tbl.Ring().Len() != 301 {
 		t.Fatalf("after one Commit the ring has %d members, want 301", tbl.Ring().Len())
+	}
+}
+
+// TestLoadBounds shows what the load bound trades: a lower bound caps the largest share
+// lower and moves more partitions between peers that stayed when one joins or leaves
+// (docs/SCALE.md has the table). Each bound holds, rounded up to a whole partition.
+func TestLoadBounds(t *testing.T) {
+	for _, load := range []float64{1.05, 1.12, 1.25} {
+		for _, n := range []int{10, 100, 300, 1000} {
+			cfg := DefaultConfig()
+			cfg.Load = load
+			r := New(cfg, ids(n))
+			joined, left := r.Apply([]string{"newcomer"}, nil), r.Apply(nil, []string{"node1"})
+			stray := 0
+			for p := range cfg.PartitionCount {
+				if o := joined.partitionOwner(p); o != r.partitionOwner(p) && o != "newcomer" {
+					stray++
+				}
+				if o := r.partitionOwner(p); o != left.partitionOwner(p) && o != "node1" {
+					stray++
+				}
+			}
+			mean := float64(cfg.PartitionCount) / float64(n)
+			maxShare := float64(slices.Max(r.loads)) / mean
+			t.Logf("load %.2f, %4d peers: max share %.3fx mean; a join and a leave move %.4f of keys between peers that stayed (ideal move 1/n = %.4f)",
+				load, n, maxShare, float64(stray)/float64(2*cfg.PartitionCount), 1/float64(n))
+			if bound := math.Ceil(mean*load) / mean; maxShare > bound {
+				t.Errorf("load %.2f, %d peers: max share %.3f over the bound %.3f", load, n, maxShare, bound)
+			}
+		}
 	}
 }
