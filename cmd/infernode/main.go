@@ -104,7 +104,7 @@ func parse(args []string, stderr io.Writer) (options, error) {
 		fmt.Fprint(stderr, usage)
 		fs.PrintDefaults()
 	}
-	var logFormat, logLevel, maxBody string
+	var logFormat, logLevel, maxBody, network string
 	fs.StringVar(&ec.ModelPath, "model", "", "GGUF model file to serve (required)")
 	fs.StringVar(&nc.ModelName, "model-name", "", "model id clients use (default: the file name without .gguf)")
 	fs.StringVar(&nc.ID, "id", "", "node id shown in X-Infernode-Node and logs (default: host-port)")
@@ -136,7 +136,8 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&gossipKey, "gossip-key", "", "encrypt gossip with this 16, 24 or 32 byte key instead of one derived from the secret")
 	fs.BoolVar(&insecure, "insecure", false, "run a cluster member without a secret: unsigned hops, plain gossip (trusted networks only)")
 	fs.StringVar(&rc.HTTPAddr, "advertise-http", "", "HTTP host:port peers use to reach this node (default: the bound address)")
-	fs.DurationVar(&rc.ProbeInterval, "probe-interval", rc.ProbeInterval, "how often each peer's /readyz is checked")
+	fs.DurationVar(&rc.ProbeInterval, "probe-interval", rc.ProbeInterval, "how often peers' /readyz are checked")
+	fs.StringVar(&network, "network", "lan", "lan, or wan: gossip and peer checks paced for peers a WAN apart (docs/SCALE.md)")
 	fs.IntVar(&rc.Replicas, "replicas", rc.Replicas, "nodes that keep a copy of a conversation's KV after each turn, for when its owner fails (0 to 3)")
 	fs.Float64Var(&rc.KVBandwidth, "kv-bandwidth", rc.KVBandwidth, "Mbit/s this node's KV transfers may use together (0: unbounded)")
 	fs.StringVar(&logFormat, "log-format", "text", "log format: text or json")
@@ -150,8 +151,23 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	if err := envFallback(fs); err != nil {
 		return options{}, err
 	}
-	opts := options{node: nc, engine: ec, routing: rc, gossip: gc, logJSON: logFormat == "json"}
 	var errs []error
+	switch network {
+	case "lan":
+	case "wan":
+		set := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		wan, wg := routing.WANConfig(), gossip.WANConfig()
+		rc.ProbeTimeout, rc.ConnectTimeout = wan.ProbeTimeout, wan.ConnectTimeout
+		if !set["probe-interval"] {
+			rc.ProbeInterval = wan.ProbeInterval
+		}
+		gc.ProbeInterval, gc.ProbeTimeout, gc.SuspicionMult = wg.ProbeInterval, wg.ProbeTimeout, wg.SuspicionMult
+		gc.GossipInterval, gc.GossipNodes, gc.PushPullInterval, gc.MetaInterval = wg.GossipInterval, wg.GossipNodes, wg.PushPullInterval, wg.MetaInterval
+	default:
+		errs = append(errs, fmt.Errorf("--network must be lan or wan, got %q", network))
+	}
+	opts := options{node: nc, engine: ec, routing: rc, gossip: gc, logJSON: logFormat == "json"}
 	if gossipAddr != "" {
 		opts.joinCluster = true
 		host, port, err := splitHostPort(gossipAddr)

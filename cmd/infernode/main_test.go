@@ -14,7 +14,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/infernode/infernode/gossip"
 	"github.com/infernode/infernode/internal/testenv"
+	"github.com/infernode/infernode/node/routing"
 )
 
 var binary string
@@ -196,4 +198,26 @@ func tail(s string) string {
 		return "..." + s[len(s)-300:]
 	}
 	return s
+}
+
+// TestNetworkFlag: --network wan paces gossip and peer checks for a WAN, keeps a probe
+// interval set by hand, and anything but lan or wan is refused.
+func TestNetworkFlag(t *testing.T) {
+	base := []string{"--model", "m.gguf", "--gossip-addr", "127.0.0.1:7946", "--insecure"}
+	o, err := parse(append(base, "--network", "wan"), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.gossip.ProbeInterval != gossip.WANConfig().ProbeInterval || o.routing.ProbeInterval != routing.WANConfig().ProbeInterval {
+		t.Errorf("--network wan: gossip probes every %v, peer checks every %v", o.gossip.ProbeInterval, o.routing.ProbeInterval)
+	}
+	if o, err = parse(append(base, "--network", "wan", "--probe-interval", "3s"), io.Discard); err != nil || o.routing.ProbeInterval != 3*time.Second {
+		t.Errorf("--probe-interval 3s with --network wan: %v, %v", o.routing.ProbeInterval, err)
+	}
+	if o, err = parse(base, io.Discard); err != nil || o.gossip.ProbeInterval != gossip.DefaultConfig().ProbeInterval {
+		t.Errorf("default network: gossip probes every %v, %v", o.gossip.ProbeInterval, err)
+	}
+	if _, err := parse(append(base, "--network", "moon"), io.Discard); err == nil || !strings.Contains(err.Error(), "--network") {
+		t.Errorf("--network moon: %v", err)
+	}
 }
