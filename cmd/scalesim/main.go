@@ -26,6 +26,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/infernode/infernode/gossip"
@@ -35,12 +36,23 @@ import (
 func main() {
 	sizes := flag.String("n", "100,300,1000", "cluster sizes, comma-separated")
 	window := flag.Duration("window", 20*time.Second, "how long each loss and pause phase runs")
+	ramp := flag.Float64("ramp", 0, "members a second starting after the seeds (0: all at once, a join storm)")
 	wan := flag.Bool("wan", false, "simulate with the WAN settings docs/SCALE.md recommends")
 	compress := flag.Bool("compress", false, "compress gossip as a real node does (LZW: too much CPU for 1,000 members on 2 cores; bytes are then smaller)")
+	memProfile := flag.String("memprofile", "", "write a heap profile after 30 seconds here")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the first 20 seconds here")
 	flag.Parse()
-	debug.SetGCPercent(400)        // a thousand members allocate fast; collecting less often leaves them the CPU
-	debug.SetMemoryLimit(12 << 30) // but collect before memory runs out (1,000 members hold about 1.5 GiB)
+	if *memProfile != "" {
+		time.AfterFunc(30*time.Second, func() {
+			f, err := os.Create(*memProfile)
+			if err == nil {
+				pprof.WriteHeapProfile(f) //nolint:errcheck // a profile is best effort
+				f.Close()
+			}
+		})
+	}
+	debug.SetGCPercent(400)       // a thousand members allocate fast; collecting less often leaves them the CPU
+	debug.SetMemoryLimit(8 << 30) // but collect before memory runs out (1,000 members hold about 1 GiB live)
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
 		if err != nil {
@@ -50,15 +62,15 @@ func main() {
 		pprof.StartCPUProfile(f) //nolint:errcheck // a profile is best effort
 		time.AfterFunc(20*time.Second, pprof.StopCPUProfile)
 	}
-	fmt.Println("| members | settings | join storm converged | crash known to first / all | live members declared dead (by how many), 1% loss | 5% loss | pauses | bytes/s a member, idle | with load changes |")
-	fmt.Println("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+	fmt.Println("| members | settings | join storm converged | crash known to first / all | live members declared dead (by how many), 1% loss | 5% loss | pauses | bytes/s a member, idle | with load changes | CPU a member-second, idle | packets dropped at full inboxes |")
+	fmt.Println("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for _, s := range strings.Split(*sizes, ",") {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 2 {
 			fmt.Fprintf(os.Stderr, "scalesim: bad size %q\n", s)
 			os.Exit(2)
 		}
-		r, err := simulate(n, *window, *wan, *compress)
+		r, err := simulate(n, *window, *ramp, *wan, *compress)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "scalesim: %d members: %v\n", n, err)
 			os.Exit(1)
@@ -140,7 +152,7 @@ func (s *sim) observe(m *member, ev gossip.Member) {
 	}
 }
 
-func simulate(n int, window time.Duration, wan, compress bool) (string, error) {
+func simulate(n int, window time.Duration, ramp float64, wan, compress bool) (string, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	defer func() {
@@ -176,9 +188,9 @@ func simulate(n int, window time.Duration, wan, compress bool) (string, error) {
 		wg.Go(func() { g.Run(ctx) }) //nolint:errcheck // a failed start shows as no convergence
 		return m, nil
 	}
-	// Five seed members form the cluster, then every other member starts at once and
-	// joins through the seeds (each contacts three of them).
-	const nseeds = 5
+	// The seed members (5, or one in 20) form the cluster, then every other member starts
+	// at once and joins through the seeds (each contacts three of them).
+	nseeds := max(5, n/20)
 	for i := range nseeds {
 		m, err := start(i)
 		if err != nil {
@@ -189,7 +201,7 @@ func simulate(n int, window time.Duration, wan, compress bool) (string, error) {
 			seeds = []string{m.t.Addr()}
 		}
 	}
-	if !waitFor(func() bool { lo, _ := s.seen(); return lo >= nseeds }, time.Minute) {
+	if !waitFor(func() bool { lo, _ := s.seen(); return lo >= nseeds }, 2*time.Minute) {
 		return "", errors.New("the seed members did not see each other within a minute")
 	}
 	seeds = nil
@@ -198,6 +210,9 @@ func simulate(n int, window time.Duration, wan, compress bool) (string, error) {
 	}
 	began := time.Now()
 	for i := nseeds; i < n; i++ {
+		if ramp > 0 {
+			time.Sleep(time.Duration(float64(time.Second) / ramp)) // the pace of the ramp, not a synchronisation
+		}
 		m, err := start(i)
 		if err != nil {
 			return "", err
@@ -205,7 +220,8 @@ func simulate(n int, window time.Duration, wan, compress bool) (string, error) {
 		s.members = append(s.members, m)
 	}
 	next := began.Add(10 * time.Second)
-	if !waitFor(func() bool {
+	storm := "over 3 min"
+	if waitFor(func() bool {
 		if time.Now().After(next) {
 			next = next.Add(10 * time.Second)
 			lo, hi := s.seen()
@@ -213,10 +229,12 @@ func simulate(n int, window time.Duration, wan, compress bool) (string, error) {
 		}
 		return s.converged.Load() >= int64(n)
 	}, 3*time.Minute) {
-		return "", fmt.Errorf("join storm: %d of %d members saw all %d alive after 3 minutes", s.converged.Load(), n, n)
+		storm = fmt.Sprintf("%.1f s", time.Since(began).Seconds())
+	} else {
+		lo, _ := s.seen()
+		storm += fmt.Sprintf(" (%d of %d see all; the fewest any sees: %d)", s.converged.Load(), n, lo)
 	}
-	storm := time.Since(began)
-	progress(n, "join storm converged in %v", storm)
+	progress(n, "join storm: %s", storm)
 
 	// The storm's news is still being retransmitted; measure once it has died down (the
 	// rate over 2 s stops falling), for at most 3 minutes.
@@ -230,7 +248,9 @@ func simulate(n int, window time.Duration, wan, compress bool) (string, error) {
 		prev = cur
 	}
 	progress(n, "the join storm's gossip died down after %v more", time.Since(settled).Round(time.Second))
+	cpu0 := cpuTime()
 	idle := bandwidth(s, 10*time.Second, nil)
+	cpu := float64((cpuTime() - cpu0).Milliseconds()) / 10 / float64(n)
 	churn := bandwidth(s, 10*time.Second, func(round int) {
 		for i, m := range s.members {
 			m.g.SetMeta(meta(m.id, m.t.Addr(), round*7+i)) //nolint:errcheck // fits: tested by meta's size
@@ -244,21 +264,24 @@ func simulate(n int, window time.Duration, wan, compress bool) (string, error) {
 	crashed := time.Now()
 	victim.t.Crash()
 	var firstKnown time.Duration
-	if !waitFor(func() bool {
+	known := "over 2 min"
+	if waitFor(func() bool {
 		if firstKnown == 0 && s.deadSeen.Load() > 0 {
 			firstKnown = time.Since(crashed)
 		}
 		return s.deadSeen.Load() >= int64(n-1)
 	}, 2*time.Minute) {
-		return "", fmt.Errorf("crash: %d of %d members learned of it in 2 minutes", s.deadSeen.Load(), n-1)
+		known = fmt.Sprintf("%.1f s", time.Since(crashed).Seconds())
+	} else {
+		known += fmt.Sprintf(" (%d of %d)", s.deadSeen.Load(), n-1)
 	}
-	allKnown := time.Since(crashed)
 	var dropped int64
 	for _, m := range s.members {
 		dropped += m.t.Overflowed()
 	}
-	progress(n, "bytes/s a member %.0f idle, %.0f with load changes; crash known to all in %v; packets dropped at full inboxes so far: %d",
-		idle, churn, allKnown, dropped)
+	progress(n, "idle: %.2f ms of CPU a member-second", cpu)
+	progress(n, "bytes/s a member %.0f idle, %.0f with load changes; crash known to all in %s; packets dropped at full inboxes so far: %d",
+		idle, churn, known, dropped)
 
 	// falseUnder counts the live members declared dead during a phase, and by how many
 	// members in all.
@@ -304,13 +327,29 @@ func simulate(n int, window time.Duration, wan, compress bool) (string, error) {
 	if wan {
 		name = "WAN"
 	}
-	return fmt.Sprintf("| %d | %s | %.1f s | %.1f / %.1f s | %s | %s | %s | %s | %s |", n, name, storm.Seconds(),
-		firstKnown.Seconds(), allKnown.Seconds(), loss1, loss5, paused, bytesPerSec(idle), bytesPerSec(churn)), nil
+	dropped = 0
+	for _, m := range s.members {
+		dropped += m.t.Overflowed()
+	}
+	if ramp > 0 {
+		name += fmt.Sprintf(", %g joins/s", ramp)
+	}
+	return fmt.Sprintf("| %d | %s | %s | %.1f / %s | %s | %s | %s | %s | %s | %.2f ms | %d |", n, name, storm,
+		firstKnown.Seconds(), known, loss1, loss5, paused, bytesPerSec(idle), bytesPerSec(churn), cpu, dropped), nil
 }
 
 // progress tells stderr how far a simulation is.
 func progress(n int, format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "%s %d members: %s\n", time.Now().Format("15:04:05"), n, fmt.Sprintf(format, args...))
+}
+
+// cpuTime is the CPU this process has used, user and system.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // meta is the metadata a ready infernode node gossips, with load as set by round.

@@ -18,8 +18,9 @@ import (
 	"github.com/hashicorp/memberlist"
 )
 
-// inbox is how many packets wait for a member before more are dropped.
-const inbox = 4096
+// inbox is how many packets wait for a member before more are dropped: about Linux's
+// default UDP receive buffer (208 KiB) of full-sized gossip packets.
+const inbox = 160
 
 // Network connects Transports. Sending a packet takes no lock: a thousand members send
 // thousands a second.
