@@ -36,6 +36,7 @@ import (
 func main() {
 	sizes := flag.String("n", "100,300,1000", "cluster sizes, comma-separated")
 	window := flag.Duration("window", 20*time.Second, "how long each loss and pause phase runs")
+	dilate := flag.Float64("dilate", 1, "run k times slower: every gossip interval and timeout, the phases and the ramp stretched k times, times reported divided by k and rates multiplied (members then get k times the CPU a simulated second)")
 	ramp := flag.Float64("ramp", 0, "members a second starting after the seeds (0: all at once, a join storm)")
 	wan := flag.Bool("wan", false, "simulate with the WAN settings docs/SCALE.md recommends")
 	compress := flag.Bool("compress", false, "compress gossip as a real node does (LZW: too much CPU for 1,000 members on 2 cores; bytes are then smaller)")
@@ -70,7 +71,11 @@ func main() {
 			fmt.Fprintf(os.Stderr, "scalesim: bad size %q\n", s)
 			os.Exit(2)
 		}
-		r, err := simulate(n, *window, *ramp, *wan, *compress)
+		if *dilate < 1 {
+			fmt.Fprintln(os.Stderr, "scalesim: -dilate must be at least 1")
+			os.Exit(2)
+		}
+		r, err := simulate(n, *window, *ramp, *dilate, *wan, *compress)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "scalesim: %d members: %v\n", n, err)
 			os.Exit(1)
@@ -152,7 +157,10 @@ func (s *sim) observe(m *member, ev gossip.Member) {
 	}
 }
 
-func simulate(n int, window time.Duration, ramp float64, wan, compress bool) (string, error) {
+func simulate(n int, window time.Duration, ramp, k float64, wan, compress bool) (string, error) {
+	// d stretches a simulated duration to the real one; back brings a real one back.
+	d := func(x time.Duration) time.Duration { return time.Duration(float64(x) * k) }
+	back := func(x time.Duration) time.Duration { return time.Duration(float64(x) / k) }
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	defer func() {
@@ -163,7 +171,7 @@ func simulate(n int, window time.Duration, ramp float64, wan, compress bool) (st
 	rand.Read(key)
 	network := simnet.New()
 	if wan {
-		network.SetLatency(50*time.Millisecond, 15*time.Millisecond) // one way: round trips of about 100 ms
+		network.SetLatency(d(50*time.Millisecond), d(15*time.Millisecond)) // one way: round trips of about 100 ms
 	}
 	s := &sim{n: n, falseDead: map[string]int{}}
 	s.crashID.Store("")
@@ -173,6 +181,10 @@ func simulate(n int, window time.Duration, ramp float64, wan, compress bool) (st
 		t := network.NewTransport()
 		m := &member{t: t, id: fmt.Sprintf("node%04d", i), state: map[string]gossip.State{}}
 		cfg := settings(wan)
+		for _, x := range []*time.Duration{&cfg.ProbeInterval, &cfg.ProbeTimeout, &cfg.GossipInterval, &cfg.PushPullInterval,
+			&cfg.MetaInterval, &cfg.RejoinInterval, &cfg.ForgetAfter} {
+			*x = d(*x)
+		}
 		cfg.ID, cfg.Transport, cfg.Key, cfg.Logger = m.id, t, key, quiet
 		cfg.DisableCompression = !compress
 		if i == 0 && os.Getenv("SCALESIM_LOG") != "" {
@@ -201,7 +213,7 @@ func simulate(n int, window time.Duration, ramp float64, wan, compress bool) (st
 			seeds = []string{m.t.Addr()}
 		}
 	}
-	if !waitFor(func() bool { lo, _ := s.seen(); return lo >= nseeds }, 2*time.Minute) {
+	if !waitFor(func() bool { lo, _ := s.seen(); return lo >= nseeds }, d(2*time.Minute)) {
 		return "", errors.New("the seed members did not see each other within a minute")
 	}
 	seeds = nil
@@ -211,7 +223,7 @@ func simulate(n int, window time.Duration, ramp float64, wan, compress bool) (st
 	began := time.Now()
 	for i := nseeds; i < n; i++ {
 		if ramp > 0 {
-			time.Sleep(time.Duration(float64(time.Second) / ramp)) // the pace of the ramp, not a synchronisation
+			time.Sleep(d(time.Duration(float64(time.Second) / ramp))) // the pace of the ramp, not a synchronisation
 		}
 		m, err := start(i)
 		if err != nil {
@@ -228,8 +240,8 @@ func simulate(n int, window time.Duration, ramp float64, wan, compress bool) (st
 			progress(n, "join storm: %d members see all; each sees %d to %d alive", s.converged.Load(), lo, hi)
 		}
 		return s.converged.Load() >= int64(n)
-	}, 3*time.Minute) {
-		storm = fmt.Sprintf("%.1f s", time.Since(began).Seconds())
+	}, d(3*time.Minute)) {
+		storm = fmt.Sprintf("%.1f s", back(time.Since(began)).Seconds())
 	} else {
 		lo, _ := s.seen()
 		storm += fmt.Sprintf(" (%d of %d see all; the fewest any sees: %d)", s.converged.Load(), n, lo)
@@ -239,19 +251,19 @@ func simulate(n int, window time.Duration, ramp float64, wan, compress bool) (st
 	// The storm's news is still being retransmitted; measure once it has died down (the
 	// rate over 2 s stops falling), for at most 3 minutes.
 	settled := time.Now()
-	for prev, peak := 0.0, 0.0; time.Since(settled) < 3*time.Minute; {
-		cur := bandwidth(s, 2*time.Second, nil)
+	for prev, peak := 0.0, 0.0; time.Since(settled) < d(3*time.Minute); {
+		cur := bandwidth(s, d(2*time.Second), d(500*time.Millisecond), nil)
 		peak = max(peak, cur)
 		if cur < peak/2 && cur > 0.9*prev {
 			break
 		}
 		prev = cur
 	}
-	progress(n, "the join storm's gossip died down after %v more", time.Since(settled).Round(time.Second))
+	progress(n, "the join storm's gossip died down after %v more (simulated)", back(time.Since(settled)).Round(time.Second))
 	cpu0 := cpuTime()
-	idle := bandwidth(s, 10*time.Second, nil)
-	cpu := float64((cpuTime() - cpu0).Milliseconds()) / 10 / float64(n)
-	churn := bandwidth(s, 10*time.Second, func(round int) {
+	idle := bandwidth(s, d(10*time.Second), d(500*time.Millisecond), nil) * k
+	cpu := float64((cpuTime() - cpu0).Microseconds()) / 1000 / (d(10*time.Second).Seconds() / k) / float64(n)
+	churn := k * bandwidth(s, d(10*time.Second), d(500*time.Millisecond), func(round int) {
 		for i, m := range s.members {
 			m.g.SetMeta(meta(m.id, m.t.Addr(), round*7+i)) //nolint:errcheck // fits: tested by meta's size
 		}
@@ -270,8 +282,8 @@ func simulate(n int, window time.Duration, ramp float64, wan, compress bool) (st
 			firstKnown = time.Since(crashed)
 		}
 		return s.deadSeen.Load() >= int64(n-1)
-	}, 2*time.Minute) {
-		known = fmt.Sprintf("%.1f s", time.Since(crashed).Seconds())
+	}, d(2*time.Minute)) {
+		known = fmt.Sprintf("%.1f s", back(time.Since(crashed)).Seconds())
 	} else {
 		known += fmt.Sprintf(" (%d of %d)", s.deadSeen.Load(), n-1)
 	}
@@ -290,7 +302,7 @@ func simulate(n int, window time.Duration, ramp float64, wan, compress bool) (st
 		clear(s.falseDead)
 		s.mu.Unlock()
 		setup()
-		time.Sleep(window) // the phase's length is what is measured over, not a synchronisation
+		time.Sleep(d(window)) // the phase's length is what is measured over, not a synchronisation
 		teardown()
 		s.mu.Lock()
 		defer s.mu.Unlock()
@@ -309,11 +321,11 @@ func simulate(n int, window time.Duration, ramp float64, wan, compress bool) (st
 	stop := make(chan struct{})
 	paused := falseUnder(func() {
 		wg.Go(func() {
-			tick := time.NewTicker(2 * time.Second)
+			tick := time.NewTicker(d(2 * time.Second))
 			defer tick.Stop()
 			for round := 0; ; round++ {
-				for k := range 3 {
-					s.members[(round*3+k)%(n-1)].t.Pause(time.Second)
+				for j := range 3 {
+					s.members[(round*3+j)%(n-1)].t.Pause(d(time.Second))
 				}
 				select {
 				case <-stop:
@@ -335,7 +347,7 @@ func simulate(n int, window time.Duration, ramp float64, wan, compress bool) (st
 		name += fmt.Sprintf(", %g joins/s", ramp)
 	}
 	return fmt.Sprintf("| %d | %s | %s | %.1f / %s | %s | %s | %s | %s | %s | %.2f ms | %d |", n, name, storm,
-		firstKnown.Seconds(), known, loss1, loss5, paused, bytesPerSec(idle), bytesPerSec(churn), cpu, dropped), nil
+		back(firstKnown).Seconds(), known, loss1, loss5, paused, bytesPerSec(idle), bytesPerSec(churn), cpu, dropped), nil
 }
 
 // progress tells stderr how far a simulation is.
@@ -360,8 +372,8 @@ func meta(id, addr string, round int) gossip.Meta {
 }
 
 // bandwidth is the mean bytes a second each member sent over d, with change (if set)
-// called every 500 ms (infernode's metadata interval).
-func bandwidth(s *sim, d time.Duration, change func(round int)) float64 {
+// called every interval (infernode's metadata interval, 500 ms, as simulated).
+func bandwidth(s *sim, d, every time.Duration, change func(round int)) float64 {
 	sent := func() (total int64) {
 		for _, m := range s.members {
 			total += m.t.Sent()
@@ -369,7 +381,7 @@ func bandwidth(s *sim, d time.Duration, change func(round int)) float64 {
 		return total
 	}
 	before, began := sent(), time.Now()
-	tick := time.NewTicker(500 * time.Millisecond)
+	tick := time.NewTicker(every)
 	defer tick.Stop()
 	for round := 1; time.Since(began) < d; round++ {
 		if change != nil {
