@@ -388,7 +388,7 @@ func (r *Router) ProbeAll(ctx context.Context) {
 	close(results)
 	flipped := false
 	for res := range results {
-		flipped = r.record1(res.peer, res.ok, "probe") || flipped
+		flipped = r.recordCheck(res.peer, res.ok, "probe") || flipped
 	}
 	if flipped {
 		r.commit()
@@ -470,14 +470,14 @@ func peerURL(addr, path string) string {
 // observe records one check of peer's health, a probe or a forward's outcome, and
 // updates the ring when the peer's health flipped.
 func (r *Router) observe(peer string, ok bool, by string) {
-	if r.record1(peer, ok, by) {
+	if r.recordCheck(peer, ok, by) {
 		r.commit()
 	}
 }
 
-// record1 records one check of peer's health and reports whether it flipped; the ring
+// recordCheck records one check of peer's health and reports whether it flipped; the ring
 // follows at the next commit.
-func (r *Router) record1(peer string, ok bool, by string) bool {
+func (r *Router) recordCheck(peer string, ok bool, by string) bool {
 	if !r.table.Observe(peer, ok) {
 		return false
 	}
