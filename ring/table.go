@@ -57,11 +57,13 @@ func NewTable(cfg Config, self string) *Table {
 	return t
 }
 
-// SetSelfReady records whether this node can serve.
-func (t *Table) SetSelfReady(ready bool) {
+// SetSelfReady records whether this node can serve, and reports whether that changed.
+func (t *Table) SetSelfReady(ready bool) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	changed := t.ready != ready
 	t.ready = ready
+	return changed
 }
 
 // SetFacts records membership facts about a peer.

@@ -221,8 +221,9 @@ func (r *Router) Publish() {
 	if err != nil {
 		r.log.Error("cannot gossip metadata", "err", err)
 	}
-	r.table.SetSelfReady(ready)
-	r.commit()
+	if r.table.SetSelfReady(ready) {
+		r.commit()
+	}
 }
 
 // incompatible says why a peer cannot share this node's ring, or "" when it can.
