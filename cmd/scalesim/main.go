@@ -30,6 +30,7 @@ import (
 	"time"
 
 	"github.com/infernode/infernode/gossip"
+	"github.com/infernode/infernode/internal/poll"
 	"github.com/infernode/infernode/internal/simnet"
 )
 
@@ -215,7 +216,7 @@ func simulate(n int, window time.Duration, ramp, k float64, wan, compress bool) 
 			seeds = []string{m.t.Addr()}
 		}
 	}
-	if !waitFor(func() bool { lo, _ := s.seen(); return lo >= nseeds }, d(2*time.Minute)) {
+	if !poll.Within(d(2*time.Minute), every, func() bool { lo, _ := s.seen(); return lo >= nseeds }) {
 		return "", errors.New("the seed members did not see each other within a minute")
 	}
 	seeds = nil
@@ -235,14 +236,14 @@ func simulate(n int, window time.Duration, ramp, k float64, wan, compress bool) 
 	}
 	next := began.Add(10 * time.Second)
 	storm := "over 3 min"
-	if waitFor(func() bool {
+	if poll.Within(d(3*time.Minute), every, func() bool {
 		if time.Now().After(next) {
 			next = next.Add(10 * time.Second)
 			lo, hi := s.seen()
 			progress(n, "join storm: %d members see all; each sees %d to %d alive", s.converged.Load(), lo, hi)
 		}
 		return s.converged.Load() >= int64(n)
-	}, d(3*time.Minute)) {
+	}) {
 		storm = fmt.Sprintf("%.1f s", back(time.Since(began)).Seconds())
 	} else {
 		lo, _ := s.seen()
@@ -279,12 +280,12 @@ func simulate(n int, window time.Duration, ramp, k float64, wan, compress bool) 
 	victim.t.Crash()
 	var firstKnown time.Duration
 	known := "over 2 min"
-	if waitFor(func() bool {
+	if poll.Within(d(2*time.Minute), every, func() bool {
 		if firstKnown == 0 && s.deadSeen.Load() > 0 {
 			firstKnown = time.Since(crashed)
 		}
 		return s.deadSeen.Load() >= int64(n-1)
-	}, d(2*time.Minute)) {
+	}) {
 		known = fmt.Sprintf("%.1f s", back(time.Since(crashed)).Seconds())
 	} else {
 		known += fmt.Sprintf(" (%d of %d)", s.deadSeen.Load(), n-1)
@@ -352,6 +353,9 @@ func simulate(n int, window time.Duration, ramp, k float64, wan, compress bool) 
 		back(firstKnown).Seconds(), known, loss1, loss5, paused, bytesPerSec(idle), bytesPerSec(churn), cpu, dropped), nil
 }
 
+// every is how often the simulation checks what it waits for.
+const every = 50 * time.Millisecond
+
 // progress tells stderr how far a simulation is.
 func progress(n int, format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "%s %d members: %s\n", time.Now().Format("15:04:05"), n, fmt.Sprintf(format, args...))
@@ -399,16 +403,4 @@ func bytesPerSec(b float64) string {
 		return fmt.Sprintf("%.1f KiB", b/1024)
 	}
 	return fmt.Sprintf("%.0f B", b)
-}
-
-// waitFor polls cond every 50 ms until it holds or limit passes.
-func waitFor(cond func() bool, limit time.Duration) bool {
-	deadline := time.Now().Add(limit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return true
 }

@@ -1,5 +1,6 @@
-// Package poll waits for a condition in tests: it checks it every few milliseconds until
-// it holds or a deadline passes, so tests synchronise on observable state, not on sleeps.
+// Package poll waits for a condition: it checks it every few milliseconds until it holds
+// or a deadline passes, so tests (and simulations) synchronise on observable state, not on
+// sleeps.
 package poll
 
 import (
@@ -11,11 +12,19 @@ import (
 // failure.
 func Until(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
+	if !Within(timeout, 5*time.Millisecond, cond) {
+		t.Fatalf("timed out after %v waiting for %s", timeout, what)
+	}
+}
+
+// Within checks cond every interval until it holds (true) or timeout passes (false).
+func Within(timeout, every time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(timeout)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+			return false
 		}
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(every)
 	}
+	return true
 }
