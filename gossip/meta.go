@@ -16,10 +16,11 @@ import (
 // Meta is what a node tells the cluster about itself. Encoded, it must fit memberlist's
 // metadata limit (512 bytes): ids and addresses are short, load is a few integers.
 type Meta struct {
-	ID          string `json:"id"`    // stable node id (the memberlist name adds a per-start incarnation)
-	HTTPAddr    string `json:"http"`  // host:port of the node's API
-	Fingerprint string `json:"fp"`    // model and KV-layout fingerprint
-	Ready       bool   `json:"ready"` // model loaded and warmed
+	ID          string `json:"id"`              // stable node id (the memberlist name adds a per-start incarnation)
+	HTTPAddr    string `json:"http"`            // host:port of the node's API
+	Fingerprint string `json:"fp"`              // model and KV-layout fingerprint
+	Model       string `json:"model,omitempty"` // the model's id, as clients name it
+	Ready       bool   `json:"ready"`           // model loaded and warmed
 	Running     int    `json:"run,omitempty"`
 	Waiting     int    `json:"wait,omitempty"`
 	FreeKV      int    `json:"kvfree,omitempty"`

@@ -87,6 +87,9 @@ func toAPIError(err error) *apiError {
 		e := badRequest("", "%s", err.Error())
 		e.Code = "hop_version"
 		return e
+	case errors.Is(err, routing.ErrNoModel): // its last node left between parsing and routing
+		return &apiError{Status: fasthttp.StatusNotFound, Type: "invalid_request_error", Param: "model", Code: "model_not_found",
+			Message: err.Error()}
 	case errors.As(err, &tooLong):
 		e := badRequest("messages", "%s", tooLong.Error())
 		e.Code = "context_length_exceeded"

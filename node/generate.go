@@ -3,6 +3,7 @@ package node
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -35,7 +36,9 @@ type completion struct {
 	model        string
 	stream       bool
 	includeUsage bool
-	followUp     bool // a chat turn after an earlier answer: its conversation may have KV somewhere
+	followUp     bool   // a chat turn after an earlier answer: its conversation may have KV somewhere
+	foreign      bool   // for a model only peers serve: routed to them, never served here
+	formatted    string // the prompt formatted here from a peer's messages (see routing.NewAnswer)
 	req          infer.Request
 	start        time.Time
 }
@@ -47,7 +50,13 @@ func (s *Server) handleCompletion(ctx *fasthttp.RequestCtx, chat bool) {
 		writeError(ctx, err)
 		return
 	}
-	s.generate(ctx, c, s.submit)
+	submit := s.submit
+	if c.foreign {
+		submit = func(ctx context.Context, req infer.Request) (infer.Stream, error) {
+			return s.router.SubmitModel(ctx, c.model, req)
+		}
+	}
+	s.generate(ctx, c, submit)
 }
 
 // handleInternal serves a request forwarded by a peer: always here, never forwarded again
@@ -63,7 +72,20 @@ func (s *Server) handleInternal(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	c := &completion{internal: true, endpoint: routing.Path, stream: true, start: time.Now(), model: s.cfg.ModelName, req: hop.Engine()}
-	if err := s.check(hop.Model, c.req); err != nil {
+	if c.req.Prompt == "" && len(c.req.Messages) > 0 {
+		// A chat from a node that does not serve this model: formatted here, and the
+		// prompt goes back with the first text so the answer can resume elsewhere.
+		if c.req.Prompt, err = s.engine.ChatPrompt(c.req.Messages); err != nil {
+			writeError(ctx, err)
+			return
+		}
+		c.formatted, c.req.Messages = c.req.Prompt, nil
+	}
+	if hop.Model != s.cfg.ModelName {
+		writeError(ctx, s.unknownModel(hop.Model))
+		return
+	}
+	if err := s.check(c.req); err != nil {
 		writeError(ctx, err)
 		return
 	}
@@ -82,6 +104,7 @@ func (s *Server) parseCompletion(ctx *fasthttp.RequestCtx, chat bool) (*completi
 	}
 	c := &completion{chat: chat, start: time.Now()}
 	var p *params
+	var msgs []infer.Message
 	var prompt string
 	var opening []string
 	if chat {
@@ -89,11 +112,8 @@ func (s *Server) parseCompletion(ctx *fasthttp.RequestCtx, chat bool) (*completi
 		if err := decodeJSON(ctx.PostBody(), &r); err != nil {
 			return nil, err
 		}
-		msgs, err := r.chatMessages()
-		if err != nil {
-			return nil, err
-		}
-		if prompt, err = s.engine.ChatPrompt(msgs); err != nil {
+		var err error
+		if msgs, err = r.chatMessages(); err != nil {
 			return nil, err
 		}
 		p, opening, c.endpoint, c.id = &r.params, chatOpening(msgs), "/v1/chat/completions", "chatcmpl-"+randomID()
@@ -124,19 +144,31 @@ func (s *Server) parseCompletion(ctx *fasthttp.RequestCtx, chat bool) (*completi
 	if err != nil {
 		return nil, err
 	}
+	c.model = cmp.Or(p.Model, s.cfg.ModelName)
+	if c.model != s.cfg.ModelName {
+		if !s.servedElsewhere(c.model) {
+			return nil, s.unknownModel(c.model)
+		}
+		c.foreign = true
+	}
+	switch {
+	case !chat:
+	case c.foreign: // formatted by the node that serves the model, with its template
+		req.Messages = msgs
+	default:
+		if prompt, err = s.engine.ChatPrompt(msgs); err != nil {
+			return nil, err
+		}
+	}
 	req.Prompt, req.FollowUp = prompt, c.followUp
-	if req.SessionID, err = sessionKey(string(ctx.Request.Header.Peek("X-Session-ID")), p.SessionID, s.cfg.ModelName,
+	if req.SessionID, err = sessionKey(string(ctx.Request.Header.Peek("X-Session-ID")), p.SessionID, c.model,
 		principal(s.cfg.APIKey, p.User), opening); err != nil {
 		return nil, err
 	}
-	model := p.Model
-	if model == "" {
-		model = s.cfg.ModelName
-	}
-	if err := s.check(model, req); err != nil {
+	if err := s.check(req); err != nil {
 		return nil, err
 	}
-	c.req, c.model, c.stream = req, s.cfg.ModelName, p.Stream
+	c.req, c.stream = req, p.Stream
 	c.includeUsage = p.StreamOptions != nil && p.StreamOptions.IncludeUsage
 	if p.StreamOptions != nil && !p.Stream {
 		return nil, badRequest("stream_options", "stream_options is only allowed with stream: true")
@@ -149,12 +181,11 @@ func jsonContentType(ct []byte) bool {
 	return strings.EqualFold(string(bytes.TrimSpace(mt)), "application/json")
 }
 
-// check is what every request must pass, a client's or a peer's: the model served here,
-// limits on its size, and the engine's own parameter ranges.
-func (s *Server) check(model string, req infer.Request) error {
+// check is what every request must pass, a client's or a peer's: limits on its size, and
+// the engine's own parameter ranges. (A request for a model only peers serve is checked
+// again by the node that serves it, against that node's limits.)
+func (s *Server) check(req infer.Request) error {
 	switch {
-	case model != s.cfg.ModelName:
-		return s.unknownModel(model)
 	case req.MaxTokens < 0 || req.MaxTokens > s.cfg.MaxTokens:
 		return badRequest("max_tokens", "max_tokens must be in [1, %d], got %d", s.cfg.MaxTokens, req.MaxTokens)
 	case len(req.SessionID) > maxKeyLen:
@@ -175,7 +206,7 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, c *completion, submit submit
 		// where the conversation's cache is, and the cache moves to its next owner as the
 		// answer ends (keepWarm); a client's request goes to the next owner from here.
 		switch {
-		case c.internal:
+		case c.internal, c.foreign:
 		case s.router != nil:
 			submit = s.router.Handoff
 		default:
@@ -222,7 +253,7 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, c *completion, submit submit
 		}
 	}
 	if c.internal {
-		s.answerHop(ctx, st, cancel, done, ended)
+		s.answerHop(ctx, st, c.formatted, cancel, done, ended)
 		return
 	}
 	if !c.stream {
@@ -263,9 +294,9 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, c *completion, submit submit
 // entry node then knows the owner is working); keep-alive lines follow until the first
 // token. A refusal before that (overloaded, not ready) keeps its status, so the entry node
 // can try the next owner.
-func (s *Server) answerHop(ctx *fasthttp.RequestCtx, st infer.Stream, cancel context.CancelCauseFunc, done, ended func()) {
+func (s *Server) answerHop(ctx *fasthttp.RequestCtx, st infer.Stream, formatted string, cancel context.CancelCauseFunc, done, ended func()) {
 	keepAlive := s.router.KeepAlive()
-	a := routing.NewAnswer(st)
+	a := routing.NewAnswer(st, formatted)
 	if err := a.Wait(keepAlive); err != nil {
 		a.Close()
 		done()

@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -323,27 +325,61 @@ type modelObject struct {
 	Object  string `json:"object"`
 	Created int64  `json:"created"`
 	OwnedBy string `json:"owned_by"`
+	// Nodes is how many live nodes of the cluster serve the model, and Ready how many of
+	// them are on its ring here (ready and healthy). infernode's own fields.
+	Nodes int  `json:"nodes"`
+	Ready int  `json:"ready_nodes"`
+	Local bool `json:"local"` // served by this node
 }
 
-func (s *Server) model() modelObject {
-	return modelObject{ID: s.cfg.ModelName, Object: "model", Created: s.created, OwnedBy: "infernode"}
+// models lists the models the cluster serves, this node's first: every model any live
+// peer serves, when clustered.
+func (s *Server) models() []modelObject {
+	ready := 0
+	if ok, _ := s.ready(); ok {
+		ready = 1
+	}
+	out := []modelObject{{ID: s.cfg.ModelName, Nodes: 1, Ready: ready, Local: true}}
+	if s.router != nil {
+		out = out[:0]
+		for _, m := range s.router.Models() {
+			out = append(out, modelObject{ID: m.ID, Nodes: m.Nodes, Ready: m.Ready, Local: m.Local})
+		}
+	}
+	for i := range out {
+		out[i].Object, out[i].Created, out[i].OwnedBy = "model", s.created, "infernode"
+	}
+	return out
+}
+
+// servedElsewhere reports whether a live peer serves model.
+func (s *Server) servedElsewhere(model string) bool {
+	return s.router != nil && s.router.Serves(model)
 }
 
 func (s *Server) handleModels(ctx *fasthttp.RequestCtx) {
-	writeJSON(ctx, fasthttp.StatusOK, map[string]any{"object": "list", "data": []modelObject{s.model()}})
+	writeJSON(ctx, fasthttp.StatusOK, map[string]any{"object": "list", "data": s.models()})
 }
 
 func (s *Server) handleModel(ctx *fasthttp.RequestCtx, id string) {
-	if id != s.cfg.ModelName {
-		writeError(ctx, s.unknownModel(id))
-		return
+	for _, m := range s.models() {
+		if m.ID == id {
+			writeJSON(ctx, fasthttp.StatusOK, m)
+			return
+		}
 	}
-	writeJSON(ctx, fasthttp.StatusOK, s.model())
+	writeError(ctx, s.unknownModel(id))
 }
 
+// unknownModel is the answer to a request for a model no node serves: it names those
+// that exist.
 func (s *Server) unknownModel(id string) *apiError {
+	var ids []string
+	for _, m := range s.models() {
+		ids = append(ids, strconv.Quote(m.ID))
+	}
 	return &apiError{Status: fasthttp.StatusNotFound, Type: "invalid_request_error", Param: "model", Code: "model_not_found",
-		Message: fmt.Sprintf("model %q does not exist here; this node serves %q", id, s.cfg.ModelName)}
+		Message: fmt.Sprintf("model %q is not served by this cluster; the models are %s", id, strings.Join(ids, ", "))}
 }
 
 func writeJSON(ctx *fasthttp.RequestCtx, status int, v any) {

@@ -249,10 +249,18 @@ func partitionsOf(count int) *partitions {
 func (r *Ring) Members() []string { return slices.Clone(r.members) }
 
 // Len is the number of peers on the ring.
-func (r *Ring) Len() int { return len(r.members) }
+func (r *Ring) Len() int {
+	if r == nil {
+		return 0
+	}
+	return len(r.members)
+}
 
 // Has reports whether id is on the ring.
 func (r *Ring) Has(id string) bool {
+	if r == nil {
+		return false
+	}
 	_, ok := slices.BinarySearch(r.members, id)
 	return ok
 }

@@ -11,7 +11,10 @@ import (
 type Facts struct {
 	Alive      bool // alive (or suspect) in gossip
 	Ready      bool // model loaded and warmed
-	Compatible bool // same model fingerprint as this node
+	Compatible bool // speaks this node's protocol: may be on its rings
+	// Model names the ring of the model the peer serves, when that is not this node's
+	// model (a fingerprint, say); empty: this node's model, whose ring this node is on.
+	Model string
 }
 
 // Peer is the table's view of one peer.
@@ -20,13 +23,14 @@ type Peer struct {
 	Facts   Facts
 	Healthy bool // by this node's own checks, with hysteresis
 	OnRing  bool
-	// Pending: alive, ready and compatible, but never yet healthy by this node's checks
-	// (first seen, its first checks to come).
+	// Pending: alive, ready and compatible, serving this node's model, but never yet
+	// healthy by this node's checks (first seen, its first checks to come).
 	Pending bool
 }
 
-// Table is one node's view of its peers and the ring built from the eligible ones: alive,
-// ready, compatible and healthy. The node itself is on the ring whenever it is ready.
+// Table is one node's view of its peers and the rings built from the eligible ones: alive,
+// ready, compatible and healthy, one ring for each model served (see Facts.Model). The
+// node itself is on its own model's ring whenever it is ready.
 // A peer first seen is unhealthy until UpAfter checks succeed, so a (re)started node
 // joins rings only once it has answered.
 //
@@ -41,7 +45,7 @@ type Table struct {
 	mu    sync.Mutex // guards ready and peers
 	ready bool
 	peers map[string]*entry
-	ring  atomic.Pointer[Ring]
+	rings atomic.Pointer[map[string]*Ring] // by model, "" this node's; replaced whole
 }
 
 type entry struct {
@@ -53,7 +57,7 @@ type entry struct {
 // NewTable makes a table for the node self.
 func NewTable(cfg Config, self string) *Table {
 	t := &Table{cfg: cfg, self: self, peers: map[string]*entry{}}
-	t.ring.Store(New(cfg, nil))
+	t.rings.Store(&map[string]*Ring{"": New(cfg, nil)})
 	return t
 }
 
@@ -102,56 +106,96 @@ func (t *Table) Observe(id string, ok bool) bool {
 	return true
 }
 
-// Commit makes the ring of the peers eligible now, if they differ from the current
-// ring's, and reports whether it did.
+// Commit makes the rings of the peers eligible now, if they differ from the current
+// rings, and reports whether this node's own ring changed.
 func (t *Table) Commit() bool {
 	t.build.Lock()
 	defer t.build.Unlock()
-	cur := t.ring.Load()
-	var add, remove []string
+	cur := *t.rings.Load()
+	want := map[string]map[string]bool{"": {}}
 	t.mu.Lock()
-	eligible := func(id string) bool {
-		if id == t.self {
-			return t.ready
-		}
-		e, ok := t.peers[id]
-		return ok && t.eligible(e)
-	}
-	for _, id := range cur.members {
-		if !eligible(id) {
-			remove = append(remove, id)
-		}
-	}
-	if t.ready && !cur.Has(t.self) {
-		add = append(add, t.self)
+	if t.ready {
+		want[""][t.self] = true
 	}
 	for id, e := range t.peers {
-		if t.eligible(e) && !cur.Has(id) {
-			add = append(add, id)
+		if t.eligible(e) {
+			if want[e.facts.Model] == nil {
+				want[e.facts.Model] = map[string]bool{}
+			}
+			want[e.facts.Model][id] = true
 		}
 	}
 	t.mu.Unlock()
-	if len(add) == 0 && len(remove) == 0 {
+	next := make(map[string]*Ring, len(want))
+	changed := map[string]bool{}
+	for model, ids := range want {
+		rg := cur[model]
+		if rg == nil {
+			rg = New(t.cfg, nil)
+		}
+		var add, remove []string
+		for _, id := range rg.members {
+			if !ids[id] {
+				remove = append(remove, id)
+			}
+		}
+		for id := range ids {
+			if !rg.Has(id) {
+				add = append(add, id)
+			}
+		}
+		if len(add) > 0 || len(remove) > 0 {
+			rg, changed[model] = rg.Apply(add, remove), true
+		}
+		next[model] = rg
+	}
+	if len(changed) == 0 && len(next) == len(cur) {
 		return false
 	}
-	t.ring.Store(cur.Apply(add, remove))
-	return true
+	t.rings.Store(&next)
+	return changed[""]
 }
 
-// Ring is the ring as of the last Commit. It never blocks.
-func (t *Table) Ring() *Ring { return t.ring.Load() }
+// Ring is this node's model's ring as of the last Commit. It never blocks.
+func (t *Table) Ring() *Ring { return (*t.rings.Load())[""] }
+
+// RingOf is model's ring as of the last Commit (see Facts.Model), nil when no peer
+// serving it is eligible.
+func (t *Table) RingOf(model string) *Ring { return (*t.rings.Load())[model] }
+
+// OnRing reports whether id is on any ring, as of the last Commit.
+func (t *Table) OnRing(id string) bool {
+	for _, rg := range *t.rings.Load() {
+		if rg.Has(id) {
+			return true
+		}
+	}
+	return false
+}
+
+// Models lists the models of the rings other than this node's that have members.
+func (t *Table) Models() []string {
+	var out []string
+	for model := range *t.rings.Load() {
+		if model != "" {
+			out = append(out, model)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
 
 // Peers lists every known peer, sorted by id (the node itself not included). OnRing is
 // as of the last Commit.
 func (t *Table) Peers() []Peer {
-	rg := t.Ring()
+	rings := *t.rings.Load()
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	out := make([]Peer, 0, len(t.peers))
 	for id, e := range t.peers {
 		f := e.facts
-		out = append(out, Peer{ID: id, Facts: f, Healthy: e.health.Up(), OnRing: rg.Has(id),
-			Pending: f.Alive && f.Ready && f.Compatible && !e.wasUp})
+		out = append(out, Peer{ID: id, Facts: f, Healthy: e.health.Up(), OnRing: rings[f.Model].Has(id),
+			Pending: f.Alive && f.Ready && f.Compatible && f.Model == "" && !e.wasUp})
 	}
 	slices.SortFunc(out, func(a, b Peer) int { return strings.Compare(a.ID, b.ID) })
 	return out

@@ -304,8 +304,9 @@ type peer struct {
 	router *Router
 	engine *fakeEngine
 
-	mu sync.Mutex
-	kv []string // paths of the KV frames it took
+	mu     sync.Mutex
+	kv     []string // paths of the KV frames it took
+	models []string // the model each generation hop named
 }
 
 // frames are the paths of the KV frames p took.
@@ -356,12 +357,23 @@ func (p *peer) serveHop(w http.ResponseWriter, req *http.Request) {
 		writeErr(w, &Error{Status: http.StatusUnauthorized, Message: err.Error(), Type: "invalid_request_error"})
 		return
 	}
-	st, err := p.engine.Submit(req.Context(), hop.Engine())
+	in := hop.Engine()
+	var formatted string
+	if in.Prompt == "" { // a chat for this peer's model: formatted here, as node does
+		for _, m := range in.Messages {
+			formatted += m.Role + ": " + m.Content + "\n"
+		}
+		in.Prompt, in.Messages = formatted, nil
+	}
+	p.mu.Lock()
+	p.models = append(p.models, hop.Model)
+	p.mu.Unlock()
+	st, err := p.engine.Submit(req.Context(), in)
 	if err != nil {
 		writeErr(w, testError(err))
 		return
 	}
-	a := NewAnswer(st)
+	a := NewAnswer(st, formatted)
 	if err := a.Wait(p.router.cfg.KeepAlive); err != nil {
 		a.Close()
 		writeErr(w, testError(err))
@@ -455,7 +467,7 @@ func newCluster(t *testing.T, peerIDs ...string) *cluster {
 func (c *cluster) keyOwnedBy(ids ...string) string {
 	for i := range 100000 {
 		k := fmt.Sprint("conv-", i)
-		cands := c.entry.candidates(k)
+		cands := c.entry.candidates("", k)
 		ok := len(cands) >= len(ids)
 		for j := 0; ok && j < len(ids); j++ {
 			ok = cands[j].id == ids[j]

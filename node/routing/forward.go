@@ -28,6 +28,8 @@ var (
 	ErrHeaderTimeout = errors.New("owner sent no answer in time")
 	// ErrStalled: the owner sent nothing on an answer for Config.ProgressTimeout.
 	ErrStalled = errors.New("owner stalled")
+	// ErrNoModel: no live node of the cluster serves the model a request names.
+	ErrNoModel = errors.New("no node serves the model")
 )
 
 // Resumer is a stream that may have moved to another owner mid-answer.
@@ -47,25 +49,52 @@ type Hopper interface {
 	Hops() int
 }
 
-// Submit serves req on its conversation's owner: locally when that is this node, else
-// forwarded. An owner that cannot be reached (refused, reset, no answer in time) counts a
-// failed check and the next owner is tried; one that answers busy (503) is skipped without
-// touching its health. When every candidate failed, this node serves the request itself
-// (every node holds the whole model, so that is always correct, only colder), unless it
-// was itself busy, in which case the last busy answer is returned.
+// Submit serves req, for this node's model, on its conversation's owner: locally when
+// that is this node, else forwarded. An owner that cannot be reached (refused, reset, no
+// answer in time) counts a failed check and the next owner is tried; one that answers busy
+// (503) is skipped without touching its health. When every candidate failed, this node
+// serves the request itself (every node of a model holds the whole model, so that is
+// always correct, only colder), unless it was itself busy, in which case the last busy
+// answer is returned.
 func (r *Router) Submit(ctx context.Context, req infer.Request) (infer.Stream, error) {
-	return r.submit(ctx, req, nil, "")
+	return r.submit(ctx, target{name: r.cfg.Model}, req, nil, "")
+}
+
+// SubmitModel serves req on the owner of its conversation on model's ring: Submit for
+// this node's model, and for a model only peers serve, a forward to them (with no local
+// fallback). A chat for such a model comes as req.Messages, which its owner formats. It
+// fails with ErrNoModel when no live peer serves model, and with a busy *Error (503) when
+// none of those that do could take the request.
+func (r *Router) SubmitModel(ctx context.Context, model string, req infer.Request) (infer.Stream, error) {
+	t, ok := r.target(model)
+	if !ok {
+		return nil, fmt.Errorf("%w: %q", ErrNoModel, model)
+	}
+	return r.submit(ctx, t, req, nil, "")
+}
+
+// target is a model's name and ring (see ringOf).
+type target struct{ name, ring string }
+
+func (t target) local() bool { return t.ring == "" }
+
+// target finds the ring of the model clients call name.
+func (r *Router) target(name string) (target, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	key, ok := r.names[name]
+	return target{name: name, ring: key}, ok
 }
 
 // Handoff serves req on one of its owners other than this node: a draining node's way to
 // pass on what still reaches it. It serves locally only when no other owner could.
 func (r *Router) Handoff(ctx context.Context, req infer.Request) (infer.Stream, error) {
-	return r.submit(ctx, req, []string{r.cfg.Self}, "")
+	return r.submit(ctx, target{name: r.cfg.Model}, req, []string{r.cfg.Self}, "")
 }
 
-// submit tries the owners of req not in tried.
-func (r *Router) submit(ctx context.Context, req infer.Request, tried []string, prefer string) (infer.Stream, error) {
-	cands := r.candidates(req.SessionID)
+// submit tries the owners of req on t's ring that are not in tried.
+func (r *Router) submit(ctx context.Context, t target, req infer.Request, tried []string, prefer string) (infer.Stream, error) {
+	cands := r.candidates(t.ring, req.SessionID)
 	if i := slices.IndexFunc(cands, func(c candidate) bool { return c.id == prefer && !c.full }); i > 0 {
 		c := cands[i]
 		cands = slices.Insert(slices.Delete(cands, i, i+1), 0, c)
@@ -92,11 +121,11 @@ func (r *Router) submit(ctx context.Context, req infer.Request, tried []string, 
 			r.forwards.WithLabelValues("spilled").Inc()
 			continue
 		}
-		st, err := r.forward(ctx, c, req)
+		st, err := r.forward(ctx, c, t.name, req)
 		if err == nil {
 			r.forwards.WithLabelValues("ok").Inc()
 			r.observe(c.id, true, "forward")
-			return &routed{r: r, ctx: ctx, req: req, cur: st, tried: append(tried, c.id)}, nil
+			return &routed{r: r, ctx: ctx, t: t, req: req, cur: st, tried: append(tried, c.id)}, nil
 		}
 		if ctx.Err() != nil {
 			return nil, err
@@ -117,7 +146,13 @@ func (r *Router) submit(ctx context.Context, req infer.Request, tried []string, 
 			r.observe(c.id, false, "forward")
 		}
 	}
-	if busy != nil && slices.Contains(tried, r.cfg.Self) {
+	switch {
+	case !t.local() && busy != nil:
+		return nil, busy
+	case !t.local():
+		return nil, &Error{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "model_unavailable", RetryAfter: 2,
+			Message: fmt.Sprintf("no node serving model %q could take the request now (loading, unhealthy or unreachable)", t.name)}
+	case busy != nil && slices.Contains(tried, r.cfg.Self):
 		return nil, busy
 	}
 	return r.ServeLocal(ctx, req)
@@ -153,8 +188,8 @@ func localBusy(err error) bool {
 // forward hands req to a peer and returns once the peer has answered with headers. The
 // forward (and the stream after it) is abandoned when the client goes or when this node
 // declares the peer down.
-func (r *Router) forward(ctx context.Context, c candidate, req infer.Request) (*peerStream, error) {
-	body, err := json.Marshal(wireRequest(r.cfg.Model, req))
+func (r *Router) forward(ctx context.Context, c candidate, model string, req infer.Request) (*peerStream, error) {
+	body, err := json.Marshal(wireRequest(model, req))
 	if err != nil {
 		return nil, err
 	}
@@ -217,18 +252,19 @@ func decodeError(resp *http.Response) error {
 // peerStream reads a forwarded request's answer. A silence longer than progress fails it
 // (ErrStalled), like a broken connection.
 type peerStream struct {
-	peer     string // the ring id it was sent to
-	node     string // the node that says it serves it
-	ctx      context.Context
-	cancel   context.CancelCauseFunc
-	clock    Clock
-	progress time.Duration
-	body     io.ReadCloser
-	sc       *bufio.Scanner
-	prompt   int
-	cached   int
-	hops     int // forwards behind this answer, this one included
-	tokens   int
+	peer      string // the ring id it was sent to
+	node      string // the node that says it serves it
+	ctx       context.Context
+	cancel    context.CancelCauseFunc
+	clock     Clock
+	progress  time.Duration
+	body      io.ReadCloser
+	sc        *bufio.Scanner
+	prompt    int
+	cached    int
+	hops      int    // forwards behind this answer, this one included
+	formatted string // the prompt the owner formatted from the request's messages
+	tokens    int
 
 	mu  sync.Mutex
 	res infer.Result
@@ -300,6 +336,9 @@ func (p *peerStream) Recv() (string, error) {
 	if ev.Prompt > 0 {
 		p.prompt, p.cached = ev.Prompt, ev.Cached
 	}
+	if ev.Formatted != "" {
+		p.formatted = ev.Formatted
+	}
 	p.mu.Unlock()
 	return ev.Text, nil
 }
@@ -329,6 +368,7 @@ func (p *peerStream) Tokens() int {
 type routed struct {
 	r     *Router
 	ctx   context.Context
+	t     target
 	req   infer.Request
 	cur   infer.Stream
 	tried []string
@@ -353,7 +393,7 @@ func (s *routed) Recv() (string, error) {
 		if errors.As(err, &remote) && remote.busy() && s.text.Len() == 0 && s.ctx.Err() == nil {
 			// Refused while queued, after the owner had sent its headers: the next owners
 			// may have room, as when it is refused at once.
-			st, err := s.r.submit(s.ctx, s.req, s.tried, "")
+			st, err := s.r.submit(s.ctx, s.t, s.req, s.tried, "")
 			if err != nil {
 				s.finish(err)
 				return "", err
@@ -383,6 +423,16 @@ func (s *routed) resumeElsewhere(cause error) error {
 		limit = s.r.cfg.DefaultMaxTokens
 	}
 	cont := s.req
+	if cont.Prompt == "" { // a chat the dead owner formatted: continue its prompt
+		p, _ := s.cur.(*peerStream)
+		if p == nil || p.formatted == "" {
+			if s.text.Len() > 0 {
+				return fmt.Errorf("owner %s died mid-stream, and the chat's prompt it formatted is not known here: %w", peer, cause)
+			}
+		} else {
+			cont.Prompt, cont.Messages = p.formatted, nil
+		}
+	}
 	cont.Prompt += s.text.String()
 	cont.MaxTokens = limit - s.base
 	if cont.MaxTokens <= 0 { // the owner died after the last token: the answer is whole
@@ -401,10 +451,12 @@ func (s *routed) resumeElsewhere(cause error) error {
 	// The dead owner's heir first: its replica of the conversation holds the prompt and
 	// the last turn's answer, so only the text since then is prefilled again.
 	var heir string
-	if h := s.r.heirs(s.req.SessionID, 1, s.tried...); len(h) > 0 {
-		heir = h[0].id
+	if s.t.local() {
+		if h := s.r.heirs(s.req.SessionID, 1, s.tried...); len(h) > 0 {
+			heir = h[0].id
+		}
 	}
-	st, err := s.r.submit(s.ctx, cont, s.tried, heir)
+	st, err := s.r.submit(s.ctx, s.t, cont, s.tried, heir)
 	if err != nil {
 		return fmt.Errorf("owner %s died mid-stream and no other owner could continue: %w", peer, err)
 	}

@@ -39,7 +39,9 @@ const (
 	Major = 1
 	// 1.1: keep-alive lines, and the first text event carries the prompt's counts.
 	// 1.2: requests say whether they follow an earlier answer; KV pulls (PullPath).
-	Minor = 2
+	// 1.3: a chat for a model the entry node does not serve comes as messages, and the
+	// first text event carries the prompt its owner formatted from them.
+	Minor = 3
 
 	HeaderVersion   = "X-Infernode-Hop-Version" // "major.minor"
 	HeaderFrom      = "X-Infernode-Hop"         // the entry node's id
@@ -64,28 +66,39 @@ var Versions = []int{Major}
 
 // Request is a hop's body: one generation, with every field named on the wire.
 type Request struct {
-	Model            string   `json:"model"`
-	SessionID        string   `json:"session_id"`
-	FollowUp         bool     `json:"follow_up,omitempty"` // since 1.2
-	Prompt           string   `json:"prompt"`
-	MaxTokens        int      `json:"max_tokens,omitempty"`
-	Stop             []string `json:"stop,omitempty"`
-	Temperature      float32  `json:"temperature"`
-	TopK             int      `json:"top_k,omitempty"`
-	TopP             float32  `json:"top_p"`
-	MinP             float32  `json:"min_p,omitempty"`
-	RepeatPenalty    float32  `json:"repeat_penalty,omitempty"`
-	PresencePenalty  float32  `json:"presence_penalty,omitempty"`
-	FrequencyPenalty float32  `json:"frequency_penalty,omitempty"`
-	RepeatLastN      int      `json:"repeat_last_n,omitempty"`
-	Seed             int64    `json:"seed"`
-	Logprobs         bool     `json:"logprobs,omitempty"`
-	TopLogprobs      int      `json:"top_logprobs,omitempty"`
+	Model            string    `json:"model"`
+	SessionID        string    `json:"session_id"`
+	FollowUp         bool      `json:"follow_up,omitempty"` // since 1.2
+	Prompt           string    `json:"prompt"`
+	Messages         []Message `json:"messages,omitempty"` // since 1.3: in place of Prompt, to format
+	MaxTokens        int       `json:"max_tokens,omitempty"`
+	Stop             []string  `json:"stop,omitempty"`
+	Temperature      float32   `json:"temperature"`
+	TopK             int       `json:"top_k,omitempty"`
+	TopP             float32   `json:"top_p"`
+	MinP             float32   `json:"min_p,omitempty"`
+	RepeatPenalty    float32   `json:"repeat_penalty,omitempty"`
+	PresencePenalty  float32   `json:"presence_penalty,omitempty"`
+	FrequencyPenalty float32   `json:"frequency_penalty,omitempty"`
+	RepeatLastN      int       `json:"repeat_last_n,omitempty"`
+	Seed             int64     `json:"seed"`
+	Logprobs         bool      `json:"logprobs,omitempty"`
+	TopLogprobs      int       `json:"top_logprobs,omitempty"`
+}
+
+// Message is one message of a chat on the wire.
+type Message struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
 }
 
 func wireRequest(model string, r infer.Request) Request {
 	s := r.Sampling
-	return Request{Model: model, SessionID: r.SessionID, FollowUp: r.FollowUp, Prompt: r.Prompt, MaxTokens: r.MaxTokens, Stop: r.Stop,
+	var msgs []Message
+	for _, m := range r.Messages {
+		msgs = append(msgs, Message(m))
+	}
+	return Request{Model: model, SessionID: r.SessionID, FollowUp: r.FollowUp, Prompt: r.Prompt, Messages: msgs, MaxTokens: r.MaxTokens, Stop: r.Stop,
 		Temperature: s.Temperature, TopK: s.TopK, TopP: s.TopP, MinP: s.MinP, RepeatPenalty: s.RepeatPenalty,
 		PresencePenalty: s.PresencePenalty, FrequencyPenalty: s.FrequencyPenalty, RepeatLastN: s.RepeatLastN, Seed: s.Seed,
 		Logprobs: r.Logprobs, TopLogprobs: r.TopLogprobs}
@@ -93,7 +106,11 @@ func wireRequest(model string, r infer.Request) Request {
 
 // Engine returns the request as the engine takes it.
 func (r Request) Engine() infer.Request {
-	return infer.Request{SessionID: r.SessionID, FollowUp: r.FollowUp, Prompt: r.Prompt, MaxTokens: r.MaxTokens, Stop: r.Stop,
+	var msgs []infer.Message
+	for _, m := range r.Messages {
+		msgs = append(msgs, infer.Message(m))
+	}
+	return infer.Request{SessionID: r.SessionID, FollowUp: r.FollowUp, Prompt: r.Prompt, Messages: msgs, MaxTokens: r.MaxTokens, Stop: r.Stop,
 		Logprobs: r.Logprobs, TopLogprobs: r.TopLogprobs, Sampling: infer.Sampling{Temperature: r.Temperature, TopK: r.TopK, TopP: r.TopP, MinP: r.MinP,
 			RepeatPenalty: r.RepeatPenalty, PresencePenalty: r.PresencePenalty, FrequencyPenalty: r.FrequencyPenalty,
 			RepeatLastN: r.RepeatLastN, Seed: r.Seed}}
@@ -106,10 +123,13 @@ type Event struct {
 	Tokens int    `json:"n,omitempty"` // tokens generated so far
 	// Prompt and Cached are the prompt's tokens and how many came from the KV cache, on
 	// the first text event (the headers may have gone before admission).
-	Prompt int    `json:"p,omitempty"`
-	Cached int    `json:"c,omitempty"`
-	Done   *Done  `json:"done,omitempty"`
-	Error  *Error `json:"error,omitempty"`
+	Prompt int `json:"p,omitempty"`
+	Cached int `json:"c,omitempty"`
+	// Formatted is the prompt the owner formatted from a request's messages, on the first
+	// text event (since 1.3), so the entry node can resume the answer elsewhere.
+	Formatted string `json:"f,omitempty"`
+	Done      *Done  `json:"done,omitempty"`
+	Error     *Error `json:"error,omitempty"`
 }
 
 // Done ends a successful answer.
@@ -184,10 +204,11 @@ func (r *Router) Authenticate(in Inbound) error {
 // goroutine, so that while the engine is silent (the request queued or prefilling) the
 // owner still tells the entry node it is working.
 type Answer struct {
-	st     infer.Stream
-	pieces chan piece
-	quit   chan struct{}
-	held   *piece
+	st        infer.Stream
+	formatted string // see NewAnswer
+	pieces    chan piece
+	quit      chan struct{}
+	held      *piece
 }
 
 type piece struct {
@@ -196,9 +217,10 @@ type piece struct {
 	tokens int // generated with text: read at once, as the reader goes on to the next piece
 }
 
-// NewAnswer starts reading st. Write (or Close) must follow.
-func NewAnswer(st infer.Stream) *Answer {
-	a := &Answer{st: st, pieces: make(chan piece), quit: make(chan struct{})}
+// NewAnswer starts reading st. Write (or Close) must follow. formatted is the prompt this
+// node formatted from the request's messages, or "" when it came as a prompt.
+func NewAnswer(st infer.Stream, formatted string) *Answer {
+	a := &Answer{st: st, formatted: formatted, pieces: make(chan piece), quit: make(chan struct{})}
 	go func() {
 		for {
 			text, err := st.Recv()
@@ -274,7 +296,7 @@ func (a *Answer) Write(write func(line []byte) error, keepAlive time.Duration, t
 			ev := Event{Text: p.text, Tokens: p.tokens}
 			if first {
 				ev.Prompt, ev.Cached, _ = a.st.Admitted()
-				first = false
+				ev.Formatted, first = a.formatted, false
 			}
 			if err := event(ev); err != nil {
 				return err

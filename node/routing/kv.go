@@ -63,7 +63,7 @@ func (r *Router) ObserveKV(direction string, size int, took time.Duration, err e
 // Owns reports whether this node is key's owner on its ring (an empty ring: it serves
 // everything itself).
 func (r *Router) Owns(key string) bool {
-	c := r.candidates(key)
+	c := r.candidates("", key)
 	return len(c) == 0 || c[0].id == r.cfg.Self
 }
 
@@ -130,7 +130,7 @@ func (r *Router) PushKV(ctx context.Context, key string, frame infer.Frame, why 
 	var to []candidate
 	switch why {
 	case ToOwner:
-		if cands := r.candidates(key); len(cands) > 0 && cands[0].id != r.cfg.Self {
+		if cands := r.candidates("", key); len(cands) > 0 && cands[0].id != r.cfg.Self {
 			to = cands[:1]
 		}
 	case Leaving:

@@ -64,6 +64,7 @@ type Router struct {
 	holder  map[string]string        // id → the live member name that holds it
 	refused map[string]bool          // member names refused for claiming a live member's id (logged once)
 	down    map[string]chan struct{} // closed when the peer is declared down (see abandonDown)
+	names   map[string]string        // model id → its ring (see modelRings), for models served by peers
 
 	// probeSick and probeNext are where the next round's checks of peers that are not
 	// healthy, and of the others, start (see probeTargets); guarded by mu.
@@ -114,6 +115,7 @@ func New(cfg Config, g Membership, local Engine) (*Router, error) {
 		holder:  map[string]string{},
 		refused: map[string]bool{},
 		down:    map[string]chan struct{}{},
+		names:   map[string]string{cfg.Model: ""},
 		ringCh:  make(chan struct{}, 1),
 		kvSlots: make(chan struct{}, cfg.KVTransfers),
 		kvLimit: newKVLimit(cfg.KVBandwidth),
@@ -214,7 +216,7 @@ func (r *Router) Publish() {
 	ready, _ := r.Ready()
 	st := r.local.Stats()
 	err := r.gossip.SetMeta(gossip.Meta{
-		ID: r.cfg.Self, HTTPAddr: r.cfg.HTTPAddr, Fingerprint: r.cfg.Fingerprint, Ready: ready, Hop: Versions,
+		ID: r.cfg.Self, HTTPAddr: r.cfg.HTTPAddr, Fingerprint: r.cfg.Fingerprint, Model: r.cfg.Model, Ready: ready, Hop: Versions,
 		Running: st.Running, Waiting: st.Waiting, FreeKV: st.KVCells - st.KVUsed, QueueCap: r.cfg.QueueCap,
 		Prefill: int(st.PrefillRate),
 	})
@@ -226,15 +228,45 @@ func (r *Router) Publish() {
 	}
 }
 
-// incompatible says why a peer cannot share this node's ring, or "" when it can.
+// incompatible says why a peer cannot be on this node's rings, or "" when it can.
 func (r *Router) incompatible(m gossip.Meta) string {
-	switch {
-	case m.Fingerprint != r.cfg.Fingerprint:
-		return "model"
-	case !m.Speaks(Major):
+	if !m.Speaks(Major) {
 		return "hop protocol"
 	}
 	return ""
+}
+
+// ringOf names the ring of the model a peer serves (see ring.Facts.Model): "" for this
+// node's model, else the peer's fingerprint, so that only nodes with the same weights and
+// KV layout share a ring.
+func (r *Router) ringOf(m gossip.Meta) string {
+	if m.Fingerprint == r.cfg.Fingerprint {
+		return ""
+	}
+	return m.Fingerprint
+}
+
+// modelRings maps the model ids that live, compatible peers serve to their rings. Peers
+// that serve one id with different fingerprints (another quantization, another KV type)
+// cannot share a ring: the id goes to the fingerprint the most peers serve (this node's,
+// for its own model). Callers hold mu.
+func (r *Router) modelRings() map[string]string {
+	count := map[[2]string]int{}
+	for _, m := range r.members {
+		if m.State == gossip.Alive && m.Meta.Model != "" && r.incompatible(m.Meta) == "" {
+			count[[2]string{m.Meta.Model, r.ringOf(m.Meta)}]++
+		}
+	}
+	names := map[string]string{}
+	best := map[string]int{}
+	for k, n := range count {
+		name, key := k[0], k[1]
+		if cur, ok := names[name]; !ok || n > best[name] || (n == best[name] && key < cur) {
+			names[name], best[name] = key, n
+		}
+	}
+	names[r.cfg.Model] = ""
+	return names
 }
 
 // Sync folds gossip's member list into the table. Members with invalid metadata are kept
@@ -303,10 +335,12 @@ func (r *Router) record(members []gossip.Member) {
 		if m.State != gossip.Alive || m.Meta.Leaving {
 			r.table.Forget(id)
 		} else {
-			r.table.SetFacts(id, ring.Facts{Alive: true, Ready: m.Meta.Ready, Compatible: r.incompatible(m.Meta) == ""})
+			r.table.SetFacts(id, ring.Facts{Alive: true, Ready: m.Meta.Ready, Compatible: r.incompatible(m.Meta) == "",
+				Model: r.ringOf(m.Meta)})
 		}
 	}
 	r.members = byID
+	r.names = r.modelRings()
 }
 
 // commit puts the changes recorded in the table on the ring in one update, built outside
@@ -338,23 +372,22 @@ func (r *Router) ringChanged() {
 	}
 }
 
-// abandonDown cancels the forwards in flight to peers that are off this node's ring for
+// abandonDown cancels the forwards in flight to peers that are off this node's rings for
 // any reason but a graceful leave: a leaving peer finishes the streams it serves (it
 // drains), while a dead, unhealthy or vanished one may never answer. Callers hold mu.
 func (r *Router) abandonDown() {
-	rg := r.table.Ring()
 	for id, ch := range r.down {
 		m := r.members[id]
 		leaving := (m.Meta.Leaving || m.State == gossip.Left) && m.State != gossip.Dead
-		if !rg.Has(id) && !leaving {
+		if !r.table.OnRing(id) && !leaving {
 			close(ch)
 			delete(r.down, id)
 		}
 	}
 }
 
-// downSignal is closed when peer leaves this node's ring (it is already closed if the peer
-// is not on it now): forwards to a peer that has been declared down give up at once
+// downSignal is closed when peer leaves this node's rings (it is already closed if the
+// peer is on none now): forwards to a peer that has been declared down give up at once
 // instead of waiting on a node that may never answer (a paused process keeps accepting
 // connections).
 func (r *Router) downSignal(peer string) <-chan struct{} {
@@ -363,7 +396,7 @@ func (r *Router) downSignal(peer string) <-chan struct{} {
 	ch, ok := r.down[peer]
 	if !ok {
 		ch = make(chan struct{})
-		if r.table.Ring().Has(peer) {
+		if r.table.OnRing(peer) {
 			r.down[peer] = ch
 		} else {
 			close(ch)
@@ -493,12 +526,16 @@ type candidate struct {
 	load     int  // its requests running and waiting, as last gossiped
 }
 
-// candidates are the peers to try for key: its owner, then the next owners least loaded
-// first (by their gossiped load; ring order among equals), so a busy owner's work spills
-// where it waits least.
-func (r *Router) candidates(key string) []candidate {
+// candidates are the peers to try for key on model's ring (see ringOf): its owner, then
+// the next owners least loaded first (by their gossiped load; ring order among equals), so
+// a busy owner's work spills where it waits least.
+func (r *Router) candidates(model, key string) []candidate {
 	st := r.local.Stats()
-	ids, err := r.table.Ring().Owners(key, r.cfg.Candidates)
+	rg := r.table.RingOf(model)
+	if rg == nil {
+		return nil
+	}
+	ids, err := rg.Owners(key, r.cfg.Candidates)
 	if err != nil {
 		return nil // an empty ring: the caller serves locally
 	}
@@ -525,6 +562,49 @@ func (r *Router) candidates(key string) []candidate {
 		})
 	}
 	return out
+}
+
+// ModelInfo is one model the cluster serves, as this node sees it.
+type ModelInfo struct {
+	ID    string
+	Nodes int  // live nodes that serve it (this one included, for its own)
+	Ready int  // those on its ring here: ready, and healthy by this node's checks
+	Local bool // this node serves it
+}
+
+// Models lists the models the cluster serves, this node's first, then by id.
+func (r *Router) Models() []ModelInfo {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []ModelInfo
+	for id, key := range r.names {
+		m := ModelInfo{ID: id, Ready: r.table.RingOf(key).Len(), Local: key == ""}
+		if m.Local {
+			m.Nodes = 1
+		}
+		for _, p := range r.members {
+			if p.State == gossip.Alive && !p.Meta.Leaving && r.incompatible(p.Meta) == "" && r.ringOf(p.Meta) == key {
+				m.Nodes++
+			}
+		}
+		out = append(out, m)
+	}
+	slices.SortFunc(out, func(a, b ModelInfo) int {
+		if a.Local != b.Local {
+			if a.Local {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(a.ID, b.ID)
+	})
+	return out
+}
+
+// Serves reports whether a live peer serves model, by the id clients name it with.
+func (r *Router) Serves(model string) bool {
+	_, ok := r.target(model)
+	return ok
 }
 
 // View is the cluster as this node sees it (GET /v1/cluster).

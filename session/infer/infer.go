@@ -20,6 +20,10 @@ type Request struct {
 	// Prompt is the text to continue. Control tokens written as text (such as
 	// <|im_start|>) are parsed as such.
 	Prompt string
+	// Messages is a chat to format with the serving model's chat template, in place of
+	// Prompt, from a node that does not serve the request's model: routing forwards it to
+	// one that does, which formats it. Engines take Prompt only.
+	Messages []Message
 	// MaxTokens caps the generated tokens; 0 means Config.DefaultMaxTokens. Generation
 	// also stops where the sequence's context ends (finish reason "length").
 	MaxTokens int
