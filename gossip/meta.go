@@ -26,13 +26,14 @@ type Meta struct {
 	FreeKV      int    `json:"kvfree,omitempty"`
 	QueueCap    int    `json:"qcap,omitempty"` // waiting requests the node accepts before refusing
 	Prefill     int    `json:"pf,omitempty"`   // prompt tokens it prefills a second at its recent load (0: unknown)
+	Decode      int    `json:"tps,omitempty"`  // tokens it generated a second lately
 	Leaving     bool   `json:"leaving,omitempty"`
 	Hop         []int  `json:"hop,omitempty"` // major versions of the hop protocol the node speaks
 }
 
 // withoutLoad is m with the fields that change with load zeroed.
 func (m Meta) withoutLoad() Meta {
-	m.Running, m.Waiting, m.FreeKV, m.Prefill = 0, 0, 0, 0
+	m.Running, m.Waiting, m.FreeKV, m.Prefill, m.Decode = 0, 0, 0, 0, 0
 	return m
 }
 

@@ -133,7 +133,7 @@ func startFakeCluster(t testing.TB, n int, secret []byte) []fakeNode {
 	}
 	for _, nd := range nodes {
 		poll.Until(t, 20*time.Second, "fake cluster converged", func() bool {
-			v := nd.router.View()
+			v := nd.router.View(0)
 			return len(v.Members) == n && !slices.ContainsFunc(v.Members, func(m routing.MemberView) bool { return !m.OnRing })
 		})
 	}

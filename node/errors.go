@@ -47,6 +47,8 @@ func nullable(s string) any {
 
 // Errors of the HTTP layer itself.
 var (
+	errStandalone = &apiError{Status: fasthttp.StatusNotFound, Type: "invalid_request_error", Code: "not_clustered",
+		Message: "this node runs standalone (no --gossip-addr)"}
 	errNotFound = &apiError{Status: fasthttp.StatusNotFound, Type: "invalid_request_error", Code: "not_found",
 		Message: "no such route"}
 	errUnauthorized = &apiError{Status: fasthttp.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_api_key",

@@ -52,6 +52,8 @@ type Server struct {
 	promh   fasthttp.RequestHandler
 	slots   chan struct{} // one token per in-flight generation (MaxStreams)
 	created int64
+	// stopFeeds is closed when the server shuts down: event feeds (GET /v1/events) end.
+	stopFeeds chan struct{}
 
 	// base is the parent of every request's context; canceling it ends them all.
 	base       context.Context
@@ -83,14 +85,15 @@ func New(cfg Config, engine Engine, router *routing.Router) (*Server, error) {
 		log = slog.Default()
 	}
 	s := &Server{
-		cfg:     cfg,
-		log:     log.With("component", "node", "node", cfg.ID),
-		engine:  engine,
-		submit:  engine.Submit,
-		router:  router,
-		metrics: newMetrics(engine.Stats),
-		slots:   make(chan struct{}, cfg.MaxStreams),
-		created: time.Now().Unix(),
+		cfg:       cfg,
+		log:       log.With("component", "node", "node", cfg.ID),
+		engine:    engine,
+		submit:    engine.Submit,
+		router:    router,
+		metrics:   newMetrics(engine.Stats),
+		slots:     make(chan struct{}, cfg.MaxStreams),
+		created:   time.Now().Unix(),
+		stopFeeds: make(chan struct{}),
 	}
 	if router != nil {
 		s.submit = router.Submit
@@ -150,6 +153,7 @@ func (s *Server) Run(ctx context.Context) error {
 		s.cancelBase()
 		<-drained
 	}
+	close(s.stopFeeds)       // event feeds end, so shutdown need not wait for them
 	err := s.http.Shutdown() // stops accepting, closes idle connections, waits for the rest
 	s.Close()
 	if err != nil {
@@ -229,6 +233,12 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		status = s.guard(ctx, false, fasthttp.MethodGet, func() { s.handleReady(ctx) })
 	case "/v1/cluster":
 		status = s.guard(ctx, true, fasthttp.MethodGet, func() { s.handleCluster(ctx) })
+	case "/v1/events":
+		status = s.guard(ctx, true, fasthttp.MethodGet, func() { s.handleEvents(ctx) })
+	case "/", "/dashboard":
+		// The page holds no data (it fetches it with the key the user gives it), so it is
+		// served without one.
+		status = s.guard(ctx, false, fasthttp.MethodGet, func() { s.handleDashboard(ctx) })
 	case routing.Path:
 		status = s.guard(ctx, false, fasthttp.MethodPost, func() { s.handleInternal(ctx) })
 	case routing.KVPath, routing.ReplicaPath:
@@ -313,11 +323,19 @@ func (s *Server) handleReady(ctx *fasthttp.RequestCtx) {
 
 func (s *Server) handleCluster(ctx *fasthttp.RequestCtx) {
 	if s.router == nil {
-		writeError(ctx, &apiError{Status: fasthttp.StatusNotFound, Type: "invalid_request_error", Code: "not_clustered",
-			Message: "this node runs standalone (no --gossip-addr)"})
+		writeError(ctx, errStandalone)
 		return
 	}
-	writeJSON(ctx, fasthttp.StatusOK, s.router.View())
+	points := 0
+	if arg := ctx.QueryArgs().Peek("ring"); arg != nil {
+		n, err := strconv.Atoi(string(arg))
+		if err != nil || n < 0 || n > maxRingPoints {
+			writeError(ctx, badRequest("ring", "ring must be a number of points in [0, %d]", maxRingPoints))
+			return
+		}
+		points = n
+	}
+	writeJSON(ctx, fasthttp.StatusOK, s.router.View(points))
 }
 
 type modelObject struct {

@@ -315,9 +315,26 @@ func (r *Ring) Neighbours(id string, k int) []string {
 	return out
 }
 
+// Sample is the owner at n points evenly spaced around the key space (partition i of p
+// at i/p of the circle, where the keys that hash to it lie): the ring drawn coarsely (nil for an empty ring or n < 1).
+func (r *Ring) Sample(n int) []string {
+	if r.Len() == 0 || n < 1 {
+		return nil
+	}
+	count := len(r.owner)
+	out := make([]string, n)
+	for i := range out {
+		out[i] = r.members[r.owner[i*count/n]]
+	}
+	return out
+}
+
 // Shares is each member's fraction of the partitions (and so, on average, of keys).
 func (r *Ring) Shares() map[string]float64 {
-	out := make(map[string]float64, len(r.members))
+	out := make(map[string]float64, r.Len())
+	if r == nil {
+		return out
+	}
 	for i, id := range r.members {
 		out[id] = float64(r.loads[i]) / float64(r.cfg.PartitionCount)
 	}

@@ -304,9 +304,9 @@ type peer struct {
 	router *Router
 	engine *fakeEngine
 
-	mu     sync.Mutex
-	kv     []string // paths of the KV frames it took
-	models []string // the model each generation hop named
+	mu   sync.Mutex
+	kv   []string // paths of the KV frames it took
+	hops []string // each generation hop it took: the model it named, and the prompt to continue
 }
 
 // frames are the paths of the KV frames p took.
@@ -366,7 +366,7 @@ func (p *peer) serveHop(w http.ResponseWriter, req *http.Request) {
 		in.Prompt, in.Messages = formatted, nil
 	}
 	p.mu.Lock()
-	p.models = append(p.models, hop.Model)
+	p.hops = append(p.hops, hop.Model+": "+in.Prompt)
 	p.mu.Unlock()
 	st, err := p.engine.Submit(req.Context(), in)
 	if err != nil {

@@ -445,6 +445,7 @@ func (s *routed) resumeElsewhere(cause error) error {
 		return nil
 	}
 	s.r.resumes.Inc()
+	s.r.happened("resume", peer, fmt.Sprintf("%d tokens in", s.base))
 	s.resume++
 	s.r.log.Warn("owner died mid-stream, resuming on the next owner", "peer", peer, "session", s.req.SessionID,
 		"tokens_so_far", s.base, "err", cause)

@@ -180,6 +180,9 @@ func (r *Router) pushTo(ctx context.Context, to candidate, frame infer.Frame, wh
 	err := r.sendKV(ctx, to, path, frame)
 	took := r.clock.Now().Sub(start)
 	r.ObserveKV("sent", frame.Len(), took, err)
+	if err == nil && why != Replica {
+		r.happened("handoff", to.id, fmt.Sprintf("%d tokens, %d KiB, %v", frame.Tokens(), frame.Len()>>10, took.Round(time.Millisecond)))
+	}
 	if err == nil && frame.Len() >= minRateSample && took > 0 {
 		r.mu.Lock()
 		rate := float64(frame.Len()) / took.Seconds()

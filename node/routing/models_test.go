@@ -68,13 +68,13 @@ func TestOtherModels(t *testing.T) {
 	if r := st.(Resumer).Resumes(); r != 1 {
 		t.Fatalf("resumes = %d, want 1", r)
 	}
-	for _, id := range []string{"b", "c"} {
+	for id, want := range map[string]string{"b": "m2: user: hi\n", "c": "m2: user: hi\n w0 w1 w2"} {
 		p := c.peers[id]
 		p.mu.Lock()
-		models := slices.Clone(p.models)
+		hops := slices.Clone(p.hops)
 		p.mu.Unlock()
-		if len(models) != 1 || models[0] != "m2" {
-			t.Fatalf("%s served hops for %v, want one for m2", id, models)
+		if len(hops) != 1 || hops[0] != want {
+			t.Fatalf("%s took hops %q, want [%q]", id, hops, want)
 		}
 	}
 	if n := c.local.served.Load() + c.peers["d"].engine.served.Load(); n != 0 {

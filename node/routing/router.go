@@ -3,6 +3,7 @@ package routing
 import (
 	"cmp"
 	"context"
+	"fmt"
 	"hash/crc32"
 	"log/slog"
 	"net"
@@ -79,6 +80,8 @@ type Router struct {
 	kvSlots              chan struct{}          // KV pushes in flight (see PushKV)
 	kvLimit              *rate.Limiter          // bytes a second of KV pushes (nil: no bound)
 	kvRates              map[string]float64     // bytes a second of past pushes, by peer id (moving average)
+	events               happenings
+	rate                 decodeRate // tokens a second this node generates, as gossiped
 
 	forwards *prometheus.CounterVec
 	resumes  prometheus.Counter
@@ -218,7 +221,7 @@ func (r *Router) Publish() {
 	err := r.gossip.SetMeta(gossip.Meta{
 		ID: r.cfg.Self, HTTPAddr: r.cfg.HTTPAddr, Fingerprint: r.cfg.Fingerprint, Model: r.cfg.Model, Ready: ready, Hop: Versions,
 		Running: st.Running, Waiting: st.Waiting, FreeKV: st.KVCells - st.KVUsed, QueueCap: r.cfg.QueueCap,
-		Prefill: int(st.PrefillRate),
+		Prefill: int(st.PrefillRate), Decode: int(r.rate.update(r.clock.Now(), st.Generated)),
 	})
 	if err != nil {
 		r.log.Error("cannot gossip metadata", "err", err)
@@ -228,10 +231,15 @@ func (r *Router) Publish() {
 	}
 }
 
-// incompatible says why a peer cannot be on this node's rings, or "" when it can.
+// incompatible says why a peer cannot share this node's ring, or "" when it can: it
+// serves another model (it is on that model's ring), or speaks no hop this node does (it
+// is on no ring).
 func (r *Router) incompatible(m gossip.Meta) string {
-	if !m.Speaks(Major) {
+	switch {
+	case !m.Speaks(Major):
 		return "hop protocol"
+	case m.Fingerprint != r.cfg.Fingerprint:
+		return "model"
 	}
 	return ""
 }
@@ -253,7 +261,7 @@ func (r *Router) ringOf(m gossip.Meta) string {
 func (r *Router) modelRings() map[string]string {
 	count := map[[2]string]int{}
 	for _, m := range r.members {
-		if m.State == gossip.Alive && m.Meta.Model != "" && r.incompatible(m.Meta) == "" {
+		if m.State == gossip.Alive && m.Meta.Model != "" && m.Meta.Speaks(Major) {
 			count[[2]string{m.Meta.Model, r.ringOf(m.Meta)}]++
 		}
 	}
@@ -332,11 +340,22 @@ func (r *Router) record(members []gossip.Member) {
 		}
 	}
 	for id, m := range byID {
+		old, had := r.members[id]
+		switch {
+		case m.State == gossip.Alive && !m.Meta.Leaving && (!had || old.State != gossip.Alive):
+			r.happened("join", id, m.Meta.Model)
+		case !had || old.State != gossip.Alive || old.Meta.Leaving:
+		case m.State == gossip.Dead:
+			r.happened("dead", id, "gossip")
+		case m.State == gossip.Left || m.Meta.Leaving:
+			r.happened("leave", id, "")
+		}
+	}
+	for id, m := range byID {
 		if m.State != gossip.Alive || m.Meta.Leaving {
 			r.table.Forget(id)
 		} else {
-			r.table.SetFacts(id, ring.Facts{Alive: true, Ready: m.Meta.Ready, Compatible: r.incompatible(m.Meta) == "",
-				Model: r.ringOf(m.Meta)})
+			r.table.SetFacts(id, ring.Facts{Alive: true, Ready: m.Meta.Ready, Compatible: m.Meta.Speaks(Major), Model: r.ringOf(m.Meta)})
 		}
 	}
 	r.members = byID
@@ -362,6 +381,7 @@ func (r *Router) commit() {
 func (r *Router) ringChanged() {
 	members := r.table.Ring().Members()
 	r.log.Info("ring changed", "members", members)
+	r.happened("ring", "", fmt.Sprintf("%d members", len(members)))
 	if r.joined.IsZero() && len(members) > 1 && slices.Contains(members, r.cfg.Self) {
 		r.joined, r.pulled = r.clock.Now(), map[string]bool{}
 	}
@@ -516,6 +536,7 @@ func (r *Router) recordCheck(peer string, ok bool, by string) bool {
 		return false
 	}
 	r.log.Info("peer health changed", "peer", peer, "healthy", ok, "by", by)
+	r.happened(map[bool]string{true: "up", false: "down"}[ok], peer, by)
 	return true
 }
 
@@ -583,7 +604,7 @@ func (r *Router) Models() []ModelInfo {
 			m.Nodes = 1
 		}
 		for _, p := range r.members {
-			if p.State == gossip.Alive && !p.Meta.Leaving && r.incompatible(p.Meta) == "" && r.ringOf(p.Meta) == key {
+			if p.State == gossip.Alive && !p.Meta.Leaving && p.Meta.Speaks(Major) && r.ringOf(p.Meta) == key {
 				m.Nodes++
 			}
 		}
@@ -611,38 +632,52 @@ func (r *Router) Serves(model string) bool {
 type View struct {
 	Self    string       `json:"self"`
 	Members []MemberView `json:"members"`
+	// Ring is this node's ring drawn coarsely: the owner at each of a number of points
+	// evenly spaced around it (View's argument; none by default).
+	Ring []string `json:"ring,omitempty"`
 }
 
 // MemberView is one member in View.
 type MemberView struct {
-	ID         string         `json:"id"`
-	HTTPAddr   string         `json:"http_addr"`
-	GossipAddr string         `json:"gossip_addr"`
-	State      string         `json:"state"` // alive, suspect (alive in gossip, failing checks), dead, left
-	Healthy    bool           `json:"healthy"`
-	Ready      bool           `json:"ready"`
-	Compatible bool           `json:"compatible"`
-	Reason     string         `json:"incompatible,omitempty"` // what differs: "model" or "hop protocol"
-	Model      string         `json:"fingerprint"`            // model and KV-layout fingerprint
-	Hop        []int          `json:"hop"`                    // hop protocol major versions spoken
-	OnRing     bool           `json:"on_ring"`
-	RingShare  float64        `json:"ring_share"`
-	Load       map[string]int `json:"load"`
+	ID          string         `json:"id"`
+	HTTPAddr    string         `json:"http_addr"`
+	GossipAddr  string         `json:"gossip_addr"`
+	State       string         `json:"state"` // alive, suspect (alive in gossip, failing checks), dead, left
+	Healthy     bool           `json:"healthy"`
+	Ready       bool           `json:"ready"`
+	Compatible  bool           `json:"compatible"`             // may share this node's ring
+	Reason      string         `json:"incompatible,omitempty"` // what differs: "model" or "hop protocol"
+	Model       string         `json:"model"`                  // the model it serves, as clients name it
+	Fingerprint string         `json:"fingerprint"`            // model and KV-layout fingerprint
+	Hop         []int          `json:"hop"`                    // hop protocol major versions spoken
+	OnRing      bool           `json:"on_ring"`                // on its model's ring, here
+	RingShare   float64        `json:"ring_share"`             // of its model's ring
+	Load        map[string]int `json:"load"`
+	TokensPerS  int            `json:"tokens_per_second"` // generated lately
 }
 
-// View returns the cluster as this node sees it.
-func (r *Router) View() View {
+// View returns the cluster as this node sees it, with its ring sampled at points places
+// (0: not drawn).
+func (r *Router) View(points int) View {
 	ready, _ := r.Ready()
 	st := r.local.Stats()
 	selfAddr := r.gossip.Addr()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	shares := r.table.Ring().Shares()
-	v := View{Self: r.cfg.Self}
+	shares := map[string]map[string]float64{}
+	shareOf := func(model, id string) float64 {
+		if shares[model] == nil {
+			shares[model] = r.table.RingOf(model).Shares()
+		}
+		return shares[model][id]
+	}
+	v := View{Self: r.cfg.Self, Ring: r.table.Ring().Sample(points)}
+	own := shareOf("", r.cfg.Self)
 	v.Members = append(v.Members, MemberView{
 		ID: r.cfg.Self, HTTPAddr: r.cfg.HTTPAddr, GossipAddr: selfAddr, State: "alive", Healthy: true, Ready: ready,
-		Compatible: true, Model: r.cfg.Fingerprint, Hop: Versions, OnRing: shares[r.cfg.Self] > 0, RingShare: shares[r.cfg.Self],
-		Load: map[string]int{"running": st.Running, "waiting": st.Waiting, "free_kv": st.KVCells - st.KVUsed},
+		Compatible: true, Model: r.cfg.Model, Fingerprint: r.cfg.Fingerprint, Hop: Versions, OnRing: own > 0, RingShare: own,
+		Load:       map[string]int{"running": st.Running, "waiting": st.Waiting, "free_kv": st.KVCells - st.KVUsed},
+		TokensPerS: int(r.rate.update(r.clock.Now(), st.Generated)),
 	})
 	peers := map[string]ring.Peer{}
 	for _, p := range r.table.Peers() {
@@ -660,8 +695,10 @@ func (r *Router) View() View {
 		why := r.incompatible(m.Meta)
 		v.Members = append(v.Members, MemberView{
 			ID: id, HTTPAddr: m.Meta.HTTPAddr, GossipAddr: m.Addr, State: state, Healthy: p.Healthy, Ready: m.Meta.Ready,
-			Compatible: why == "", Reason: why, Model: m.Meta.Fingerprint, Hop: m.Meta.Hop, OnRing: p.OnRing, RingShare: shares[id],
-			Load: map[string]int{"running": m.Meta.Running, "waiting": m.Meta.Waiting, "free_kv": m.Meta.FreeKV},
+			Compatible: why == "", Reason: why, Model: m.Meta.Model, Fingerprint: m.Meta.Fingerprint, Hop: m.Meta.Hop,
+			OnRing: p.OnRing, RingShare: shareOf(r.ringOf(m.Meta), id),
+			Load:       map[string]int{"running": m.Meta.Running, "waiting": m.Meta.Waiting, "free_kv": m.Meta.FreeKV},
+			TokensPerS: m.Meta.Decode,
 		})
 	}
 	slices.SortFunc(v.Members[1:], func(a, b MemberView) int { return strings.Compare(a.ID, b.ID) })

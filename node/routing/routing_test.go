@@ -372,10 +372,10 @@ func TestEligibility(t *testing.T) {
 		t.Errorf("id b held by %q, want b#1, seen first", m.Name)
 	}
 	reasons := map[string]string{}
-	for _, m := range c.entry.View().Members {
+	for _, m := range c.entry.View(0).Members {
 		reasons[m.ID] = m.Reason
 	}
-	if reasons["c"] != "hop protocol" || reasons["d"] != "" {
+	if reasons["c"] != "hop protocol" || reasons["d"] != "model" {
 		t.Errorf("incompatibility reasons = %v", reasons)
 	}
 	if _, listed := reasons["e"]; listed {
@@ -598,7 +598,7 @@ func BenchmarkClusterOf1000(b *testing.B) {
 	b.Run("view", func(b *testing.B) {
 		size := 0
 		for b.Loop() {
-			body, err := json.Marshal(c.r.View())
+			body, err := json.Marshal(c.r.View(0))
 			if err != nil {
 				b.Fatal(err)
 			}
