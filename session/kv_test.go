@@ -15,8 +15,7 @@ func TestKVMove(t *testing.T) {
 	for _, tc := range []struct {
 		name, model, reference string
 	}{
-		// The greedy continuation llama2.c documents for stories260K (../shared/models).
-		{"stories260K", "stories260K.gguf", ", there was a little girl named Lily. She loved to play outside in the park. One day, she saw a big, red ball. She wanted to play with it, but it was too high.\nLily"},
+		{"stories260K", "stories260K.gguf", testenv.Stories260KOnceUponATime},
 		{"test model", "", ""},
 		// Random weights in SmolLM2-135M's shapes (make bench-model): a realistic state
 		// size, 30 layers of KV.

@@ -355,12 +355,13 @@ type ClusterView struct {
 type MemberView struct {
 	ID          string         `json:"id"`
 	HTTPAddr    string         `json:"http_addr"`
+	Model       string         `json:"model"`
 	Fingerprint string         `json:"fingerprint"`
 	State       string         `json:"state"`
 	Healthy     bool           `json:"healthy"`
 	Ready       bool           `json:"ready"`
-	Compatible  bool           `json:"compatible"`
-	OnRing      bool           `json:"on_ring"`
+	Compatible  bool           `json:"compatible"` // may share the node's ring: its model
+	OnRing      bool           `json:"on_ring"`    // on its model's ring
 	RingShare   float64        `json:"ring_share"`
 	Load        map[string]int `json:"load"` // running, waiting, free_kv
 }
@@ -380,7 +381,7 @@ func (c *Cluster) View(n *Node) (ClusterView, error) {
 	return v, err
 }
 
-// Ring is the sorted ids on a node's ring.
+// Ring is the sorted ids on a node's ring (its own model's).
 func (c *Cluster) Ring(n *Node) ([]string, error) {
 	v, err := c.View(n)
 	if err != nil {
@@ -388,7 +389,7 @@ func (c *Cluster) Ring(n *Node) ([]string, error) {
 	}
 	var ids []string
 	for _, m := range v.Members {
-		if m.OnRing {
+		if m.OnRing && m.Compatible {
 			ids = append(ids, m.ID)
 		}
 	}

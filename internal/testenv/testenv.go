@@ -60,3 +60,7 @@ func sharedModel(name string) string {
 		dir = parent
 	}
 }
+
+// Stories260KOnceUponATime is the greedy continuation of "Once upon a time" by
+// stories260K.gguf for 60 tokens, as llama2.c documents it (../shared/models/README.md).
+const Stories260KOnceUponATime = ", there was a little girl named Lily. She loved to play outside in the park. One day, she saw a big, red ball. She wanted to play with it, but it was too high.\nLily"

@@ -167,7 +167,7 @@ func (r *Request) Validate() error {
 	finite := func(x float32) bool { return !math.IsNaN(float64(x)) && !math.IsInf(float64(x), 0) }
 	s := r.Sampling
 	switch {
-	case r.Prompt == "":
+	case r.Prompt == "" && len(r.Messages) == 0:
 		return bad("prompt", "must not be empty")
 	case r.MaxTokens < 0:
 		return bad("max_tokens", "must not be negative, got %d", r.MaxTokens)
