@@ -141,9 +141,11 @@ bench-compare: build bench-model .build/ollama
 	$(BIN)/benchcompare --ollama .build/ollama --model $(BENCH_MODEL) --rounds 2
 
 # run: a local cluster of NODES nodes (HTTP 127.0.0.1:8081.., gossip 7947..), every node
-# joining through the first; Ctrl-C stops them all.
+# joining through the first; Ctrl-C stops them all. MODELS=a.gguf,b.gguf makes a cluster
+# of several models: node i serves the i-th, round robin.
+MODELS ?=
 run: build model
-	$(BIN)/testbed run --binary $(BIN)/infernode --model $(MODEL) --nodes $(NODES) --log-dir .build/logs
+	$(BIN)/testbed run --binary $(BIN)/infernode --model $(MODEL) --models "$(MODELS)" --nodes $(NODES) --log-dir .build/logs
 
 # chaos: the long chaos suite (5 nodes in network namespaces, every fault type,
 # overlapping) on a real model, every answer compared with a reference; needs root.

@@ -25,6 +25,9 @@ import (
 type Config struct {
 	Binary string // path of the infernode binary
 	Model  string // GGUF model every node serves
+	// Models, if set, makes a cluster of several models: node i serves Models[i mod
+	// len(Models)], and Model is only the default for nodes added beyond them.
+	Models []string
 	Nodes  int
 	// HTTPPort and GossipPort are the first node's ports; node i adds i. Zero lets every
 	// node pick free ports (they are read back from the node's log).
@@ -55,6 +58,7 @@ type Cluster struct {
 // Node is one infernode process (and its restarts).
 type Node struct {
 	ID         string
+	Model      string      // the GGUF file it serves
 	Host       *netem.Host // its namespace, or nil on loopback
 	HTTPAddr   string      // host:port of its API
 	GossipAddr string      // host:port of its gossip
@@ -72,6 +76,9 @@ type Node struct {
 
 // Start launches the cluster: the first node, then the others joining it.
 func Start(ctx context.Context, cfg Config) (*Cluster, error) {
+	if cfg.Model == "" && len(cfg.Models) > 0 {
+		cfg.Model = cfg.Models[0]
+	}
 	if cfg.Nodes < 1 || cfg.Binary == "" || cfg.Model == "" {
 		return nil, errors.New("testbed: binary, model and at least one node are required")
 	}
@@ -108,7 +115,11 @@ func (c *Cluster) Add(ctx context.Context, id string, extra ...string) (*Node, e
 		}
 		return base + i
 	}
-	args := []string{"--model", c.cfg.Model, "--id", id, "--log-format", "json",
+	model := c.cfg.Model
+	if len(c.cfg.Models) > 0 && i < c.cfg.Nodes {
+		model = c.cfg.Models[i%len(c.cfg.Models)]
+	}
+	args := []string{"--model", model, "--id", id, "--log-format", "json",
 		"--addr", fmt.Sprintf("127.0.0.1:%d", port(c.cfg.HTTPPort)),
 		"--gossip-addr", fmt.Sprintf("127.0.0.1:%d", port(c.cfg.GossipPort))}
 	var host *netem.Host
@@ -117,14 +128,14 @@ func (c *Cluster) Add(ctx context.Context, id string, extra ...string) (*Node, e
 			return nil, fmt.Errorf("testbed: the topology has %d hosts, node %d needs one more", len(t.Nodes), i+1)
 		}
 		host = t.Nodes[i]
-		args = []string{"--model", c.cfg.Model, "--id", id, "--log-format", "json",
+		args = []string{"--model", model, "--id", id, "--log-format", "json",
 			"--addr", host.IP + ":8080", "--gossip-addr", host.IP + ":7946"}
 	}
 	if i > 0 {
 		args = append(args, "--join", c.Nodes[0].GossipAddr)
 	}
 	args = append(append(args, c.cfg.Args...), extra...)
-	n := &Node{ID: id, args: args, cfg: &c.cfg, Host: host}
+	n := &Node{ID: id, Model: model, args: args, cfg: &c.cfg, Host: host}
 	if err := n.start(ctx); err != nil {
 		return nil, err
 	}
@@ -470,4 +481,20 @@ func (c *Cluster) IDs(nodes ...*Node) []string {
 		ids = append(ids, n.ID)
 	}
 	return ids
+}
+
+// ByModel groups the nodes by the model they serve, in the order the models first appear.
+func (c *Cluster) ByModel() [][]*Node {
+	var groups [][]*Node
+	at := map[string]int{}
+	for _, n := range c.Nodes {
+		i, ok := at[n.Model]
+		if !ok {
+			i = len(groups)
+			at[n.Model] = i
+			groups = append(groups, nil)
+		}
+		groups[i] = append(groups[i], n)
+	}
+	return groups
 }

@@ -35,7 +35,7 @@ behind an OpenAI-compatible HTTP API.
 
 Usage:
   infernode --model PATH [flags]          run a node
-  infernode status [--addr URL]           print the cluster as one node sees it
+  infernode status [--addr URL] [--watch] print the cluster as one node sees it
 
 Example (the default test model, on port 8080):
   make model && bin/infernode --model models/infernode-tiny.gguf --addr 127.0.0.1:8080
@@ -56,7 +56,10 @@ Flags:
 
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "status" {
-		os.Exit(status(os.Args[2:], os.Stdout, os.Stderr))
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+		code := status(ctx, os.Args[2:], os.Stdout, os.Stderr)
+		stop()
+		os.Exit(code)
 	}
 	os.Exit(run(os.Args[1:], os.Stderr))
 }

@@ -14,7 +14,9 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -108,6 +110,7 @@ func run(args []string) int {
 	fs := flag.NewFlagSet("testbed run", flag.ContinueOnError)
 	binary := fs.String("binary", "bin/infernode", "infernode binary")
 	model := fs.String("model", "models/infernode-tiny.gguf", "GGUF model for every node")
+	models := fs.String("models", "", "comma-separated GGUF models: node i serves the i-th (round robin); overrides --model")
 	nodes := fs.Int("nodes", 3, "number of nodes")
 	httpPort := fs.Int("http-port", 8081, "HTTP port of the first node; node i uses port+i")
 	gossipPort := fs.Int("gossip-port", 7947, "gossip port of the first node; node i uses port+i")
@@ -120,7 +123,11 @@ func run(args []string) int {
 	// Nodes on one machine share its cores: llama.cpp threads that outnumber the cores
 	// spin at their barriers while others hold the CPU, and every step stalls.
 	threads := max(1, runtime.NumCPU() / *nodes)
-	c, err := testbed.Start(ctx, testbed.Config{Binary: *binary, Model: *model, Nodes: *nodes,
+	var paths []string
+	if *models != "" {
+		paths = strings.Split(*models, ",")
+	}
+	c, err := testbed.Start(ctx, testbed.Config{Binary: *binary, Model: *model, Models: paths, Nodes: *nodes,
 		HTTPPort: *httpPort, GossipPort: *gossipPort, LogDir: *logDir,
 		Args: []string{"--log-level", "info", "--threads", strconv.Itoa(threads)}})
 	if err != nil {
@@ -128,13 +135,24 @@ func run(args []string) int {
 		return 1
 	}
 	defer c.Close()
-	took, err := c.WaitRings(ctx, c.IDs(), 60*time.Second)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "testbed: %v\n", err)
-		return 1
+	// Each model's nodes make one ring.
+	var took time.Duration
+	for _, group := range c.ByModel() {
+		var others []*testbed.Node
+		for _, n := range c.Nodes {
+			if !slices.Contains(group, n) {
+				others = append(others, n)
+			}
+		}
+		d, err := c.WaitRings(ctx, c.IDs(group...), 60*time.Second, others...)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "testbed: %v\n", err)
+			return 1
+		}
+		took = max(took, d)
 	}
 	first := c.Nodes[0]
-	fmt.Printf("\n%d nodes up; every ring holds all of them (converged in %v).\n\n", len(c.Nodes), took.Round(time.Millisecond))
+	fmt.Printf("\n%d nodes up; every ring holds all the nodes of its model (converged in %v).\n\n", len(c.Nodes), took.Round(time.Millisecond))
 	status := exec.Command(*binary, "status", "--addr", first.URL())
 	status.Stdout, status.Stderr = os.Stdout, os.Stderr
 	status.Run()
@@ -144,10 +162,11 @@ Send a request to any node; it runs on the conversation's owner (see X-Infernode
   curl -si %s/v1/chat/completions -H 'Content-Type: application/json' \
     -d '{"messages":[{"role":"user","content":"tell me about the river"}],"max_tokens":24}'
 
+The models the cluster serves: curl -s %s/v1/models (name one with "model" in a request)
 Cluster table: %s status --addr %s
 Node logs: %s
 Ctrl-C stops every node.
-`, c.Nodes[len(c.Nodes)-1].URL(), *binary, first.URL(), logDirOf(*logDir))
+`, c.Nodes[len(c.Nodes)-1].URL(), first.URL(), *binary, first.URL(), logDirOf(*logDir))
 	<-ctx.Done()
 	fmt.Println("\nstopping...")
 	for _, n := range c.Nodes {
