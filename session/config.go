@@ -12,6 +12,9 @@ import (
 type Config struct {
 	// ModelPath is the GGUF file to load. Required.
 	ModelPath string
+	// LoadProgress, if not nil, is called while the model loads with the fraction loaded
+	// (0 to 1).
+	LoadProgress func(fraction float32)
 	// Cells is the number of KV cache cells (tokens) over all sequences. Default 8192.
 	Cells int
 	// Sequences is how many conversations the context holds at once, running or cached

@@ -95,7 +95,7 @@ func New(cfg Config) (*Engine, error) {
 		log = slog.Default()
 	}
 	log = log.With("component", "session")
-	model, err := llama.LoadModel(cfg.ModelPath)
+	model, err := llama.LoadModel(cfg.ModelPath, cfg.LoadProgress)
 	if err != nil {
 		return nil, err
 	}

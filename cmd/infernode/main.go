@@ -395,6 +395,7 @@ func serve(opts options, log *slog.Logger) error {
 
 	// The API answers (503 not ready) while the model loads.
 	start := time.Now()
+	opts.engine.LoadProgress = loadProgress(log, start)
 	engine, err := session.New(opts.engine)
 	if err != nil {
 		stop()
@@ -432,4 +433,18 @@ func serve(opts options, log *slog.Logger) error {
 		err2 = errors.Join(err2, <-gossipDone, <-gossipDone)
 	}
 	return err2
+}
+
+// loadProgress logs a model's load a step at every tenth, once it has taken a second (a
+// small model loads silently).
+func loadProgress(log *slog.Logger, start time.Time) func(float32) {
+	last := -1
+	return func(f float32) {
+		step := int(f * 10)
+		if step == last || time.Since(start) < time.Second {
+			return
+		}
+		last = step
+		log.Info("loading model", "done", fmt.Sprintf("%d%%", 10*step), "elapsed", time.Since(start).Round(100*time.Millisecond))
+	}
 }

@@ -27,6 +27,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
+	"time"
 	"unicode/utf8"
 
 	"github.com/ollama/ollama/fs/ggml"
@@ -120,9 +122,11 @@ func write(path string, s shape, seed uint64) error {
 		return out
 	}
 	var ts []*ggml.Tensor
+	prog := &progress{path: path}
 	add := func(name string, k uint32, fill filler, d ...int) {
-		ts = append(ts, &ggml.Tensor{Name: name, Kind: k, Shape: dims(d...),
-			WriterTo: tensorData{name: name, kind: k, n: product(d), seed: seed, fill: fill}})
+		t := tensorData{name: name, kind: k, n: product(d), seed: seed, fill: fill, progress: prog}
+		prog.total += int64(t.n * t.size())
+		ts = append(ts, &ggml.Tensor{Name: name, Kind: k, Shape: dims(d...), WriterTo: t})
 	}
 	// Linear layers get the usual 1/sqrt(fan-in) scale; norms are ones. The output head
 	// is random only for whole words and punctuation, so the model generates words.
@@ -157,6 +161,7 @@ func write(path string, s shape, seed uint64) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
 	}
+	prog.start()
 	tmp, err := os.CreateTemp(filepath.Dir(path), ".mkmodel-*")
 	if err != nil {
 		return err
@@ -270,21 +275,27 @@ type filler func(i int, r *rand.Rand) float32
 // the tensor's name, so tensors can be written in any order (WriteGGUF writes them
 // concurrently) and the file is the same every time.
 type tensorData struct {
-	name string
-	kind uint32
-	n    int
-	seed uint64
-	fill filler
+	name     string
+	kind     uint32
+	n        int
+	seed     uint64
+	fill     filler
+	progress *progress
+}
+
+// size is the bytes of one element.
+func (t tensorData) size() int {
+	if t.kind == 1 {
+		return 2
+	}
+	return 4
 }
 
 func (t tensorData) WriteTo(w io.Writer) (int64, error) {
 	h := fnv.New64a()
 	h.Write([]byte(t.name))
 	r := rand.New(rand.NewPCG(t.seed, h.Sum64()))
-	size := 4
-	if t.kind == 1 {
-		size = 2
-	}
+	size := t.size()
 	const chunk = 1 << 16
 	buf := make([]byte, 0, chunk*size)
 	var written int64
@@ -298,6 +309,7 @@ func (t tensorData) WriteTo(w io.Writer) (int64, error) {
 		if len(buf) == cap(buf) || i == t.n-1 {
 			n, err := w.Write(buf)
 			written += int64(n)
+			t.progress.add(n)
 			if err != nil {
 				return written, err
 			}
@@ -308,4 +320,37 @@ func (t tensorData) WriteTo(w io.Writer) (int64, error) {
 		return 0, errors.New("empty tensor " + t.name)
 	}
 	return written, nil
+}
+
+// progress reports the writing of a large model on stderr, a line at every tenth of its
+// tensors' bytes (tensors are written concurrently).
+type progress struct {
+	path  string
+	total int64 // bytes of tensor data
+	began time.Time
+	done  atomic.Int64
+	step  atomic.Int64 // the last tenth reported
+}
+
+// progressFrom is the smallest model whose writing is reported.
+const progressFrom = 64 << 20
+
+func (p *progress) start() {
+	p.began = time.Now()
+	if p.total >= progressFrom {
+		fmt.Fprintf(os.Stderr, "mkmodel: writing %s (%d MiB of weights)\n", p.path, p.total>>20)
+	}
+}
+
+func (p *progress) add(n int) {
+	if p.total < progressFrom {
+		return
+	}
+	step := p.done.Add(int64(n)) * 10 / p.total
+	for s := p.step.Load(); step > s; s = p.step.Load() {
+		if p.step.CompareAndSwap(s, step) {
+			fmt.Fprintf(os.Stderr, "mkmodel: %d%% (%v)\n", 10*step, time.Since(p.began).Round(100*time.Millisecond))
+			return
+		}
+	}
 }

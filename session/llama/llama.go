@@ -23,6 +23,13 @@ package llama
 #endif
 
 extern void infernodeLlamaLog(int level, char *text, void *user_data);
+extern bool infernodeLoadProgress(float progress, void *user_data);
+
+// set_progress reports a model load's progress to the Go function registered as id.
+static void set_progress(struct llama_model_params *p, uintptr_t id) {
+	p->progress_callback = infernodeLoadProgress;
+	p->progress_callback_user_data = (void *)id;
+}
 
 static void set_log(void) {
 	llama_log_set((ggml_log_callback)infernodeLlamaLog, NULL);
@@ -63,6 +70,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime/cgo"
 	"slices"
 	"strings"
 	"sync"
@@ -105,12 +113,18 @@ type Model struct {
 	vocab *C.struct_llama_vocab
 }
 
-// LoadModel loads a GGUF file for CPU inference (memory-mapped).
-func LoadModel(path string) (*Model, error) {
+// LoadModel loads a GGUF file for CPU inference (memory-mapped). progress, if not nil,
+// is called from time to time with the fraction loaded so far (0 to 1).
+func LoadModel(path string, progress func(float32)) (*Model, error) {
 	Init()
 	p := C.llama_model_default_params()
 	p.n_gpu_layers = 0
 	p.use_mmap = true
+	if progress != nil {
+		h := cgo.NewHandle(progress)
+		defer h.Delete()
+		C.set_progress(&p, C.uintptr_t(h))
+	}
 	cpath := C.CString(path)
 	defer C.free(unsafe.Pointer(cpath))
 	m := C.llama_model_load_from_file(cpath, p)
@@ -118,6 +132,12 @@ func LoadModel(path string) (*Model, error) {
 		return nil, fmt.Errorf("load model %s: llama.cpp could not load it (see log)", path)
 	}
 	return &Model{c: m, vocab: C.llama_model_get_vocab(m)}, nil
+}
+
+//export infernodeLoadProgress
+func infernodeLoadProgress(progress C.float, id unsafe.Pointer) C.bool {
+	cgo.Handle(uintptr(id)).Value().(func(float32))(float32(progress))
+	return true // go on loading
 }
 
 // Close frees the model. Contexts made from it must be closed first.

@@ -12,12 +12,30 @@ import (
 func testModel(t *testing.T) *Model {
 	t.Helper()
 	path := testenv.Model(t)
-	m, err := LoadModel(path)
+	m, err := LoadModel(path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(m.Close)
 	return m
+}
+
+// LoadModel reports its progress up to the whole model.
+func TestLoadProgress(t *testing.T) {
+	var got []float32
+	m, err := LoadModel(testenv.Model(t), func(f float32) { got = append(got, f) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Close()
+	if len(got) == 0 || got[len(got)-1] != 1 {
+		t.Fatalf("progress %v, want steps ending at 1", got)
+	}
+	for i := 1; i < len(got); i++ {
+		if got[i] < got[i-1] {
+			t.Fatalf("progress went back: %v", got)
+		}
+	}
 }
 
 func TestTokenizeRoundTrip(t *testing.T) {
