@@ -31,6 +31,11 @@ type Config struct {
 	UnifiedKV bool
 	// KVType is the KV cache element type: f16, q8_0 or q4_0. Default f16.
 	KVType string
+	// SeqContext is the most tokens (prompt and answer) one conversation may hold. 0 means
+	// the model's trained context: a model is not trained for positions beyond it, and
+	// answers there degrade. Asking for more is the operator's choice. Either way it is
+	// at most what one sequence may use of the KV pool. Default 0.
+	SeqContext int
 	// MaxPromptTokens refuses longer prompts with ErrPromptTooLong. 0 means no limit but
 	// the sequence's context. Default 0.
 	MaxPromptTokens int
@@ -85,6 +90,7 @@ func (c Config) Validate() error {
 	check(c.KVType == "f16" || c.KVType == "q8_0" || c.KVType == "q4_0", "KV type must be f16, q8_0 or q4_0, got %q", c.KVType)
 	check(c.DefaultMaxTokens >= 1, "default max tokens must be at least 1, got %d", c.DefaultMaxTokens)
 	check(c.MaxPromptTokens >= 0, "max prompt tokens must not be negative, got %d", c.MaxPromptTokens)
+	check(c.SeqContext >= 0, "context per conversation must not be negative, got %d", c.SeqContext)
 	check(c.MaxQueue >= 0, "max queue must not be negative, got %d", c.MaxQueue)
 	p.Positive("queue timeout", c.QueueTimeout)
 	return p.Err()

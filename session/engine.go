@@ -124,7 +124,7 @@ func New(cfg Config) (*Engine, error) {
 		batch:    llama.NewBatch(cfg.BatchSize),
 		rng:      rand.New(rand.NewPCG(seed, seed>>32|1)),
 		cells:    lctx.Cells(),
-		seqCells: lctx.SeqCells(),
+		seqCells: seqContext(cfg.SeqContext, model.TrainedContext(), lctx.SeqCells(), log),
 		share:    lctx.Cells() / cfg.Sequences,
 		wake:     make(chan struct{}, 1),
 		tasks:    make(chan func()),
@@ -138,6 +138,28 @@ func New(cfg Config) (*Engine, error) {
 		"cells", lctx.Cells(), "seq_cells", e.seqCells, "sequences", cfg.Sequences,
 		"batch", cfg.BatchSize, "threads", cfg.Threads, "unified_kv", cfg.UnifiedKV, "seed", seed)
 	return e, nil
+}
+
+// seqContext is the most tokens one conversation may hold (see Config.SeqContext): asked
+// for, else the model's trained context, and at most what one sequence has of the pool.
+func seqContext(asked, trained, pool int, log *slog.Logger) int {
+	switch {
+	case asked > pool:
+		log.Warn("context per conversation asked for is more than a sequence has of the KV pool: using the pool's",
+			"asked", asked, "pool", pool)
+		return pool
+	case asked > 0:
+		if trained > 0 && asked > trained {
+			log.Warn("context per conversation is longer than the model was trained for: answers past it may degrade",
+				"asked", asked, "trained", trained)
+		}
+		return asked
+	case trained > 0 && trained < pool:
+		log.Info("context per conversation is the model's trained context (--seq-ctx asks for more)",
+			"trained", trained, "pool", pool)
+		return trained
+	}
+	return pool
 }
 
 // Model is the loaded model, for tokenizing and chat templates.

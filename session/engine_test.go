@@ -562,3 +562,25 @@ func TestPoolExhaustedEndsCleanly(t *testing.T) {
 		t.Errorf("results %+v: want one ended early and the other whole after it freed its cells", results)
 	}
 }
+
+// A conversation holds at most the model's trained context unless the operator asks for
+// more: tinystories-656k was trained on 512 positions, and its pool here has 4096 cells.
+func TestSeqContextClamp(t *testing.T) {
+	path := testenv.SharedModel(t, "tinystories-656k-f32.gguf")
+	for _, tc := range []struct {
+		asked, want int
+	}{{0, 512}, {1024, 1024}, {100000, 4096}} {
+		e := startEngine(t, func(c *Config) { c.ModelPath, c.SeqContext = path, tc.asked })
+		if got := e.SeqCells(); got != tc.want {
+			t.Errorf("SeqContext %d: a conversation holds %d tokens, want %d", tc.asked, got, tc.want)
+		}
+		if tc.asked != 0 {
+			continue
+		}
+		_, err := e.Submit(t.Context(), greedy("", strings.Repeat("Once upon a time ", 200), 4))
+		var tooLong *PromptTooLongError
+		if !errors.As(err, &tooLong) {
+			t.Errorf("a prompt past the trained context: err = %v, want PromptTooLongError", err)
+		}
+	}
+}

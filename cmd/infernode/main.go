@@ -115,6 +115,7 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&nc.APIKey, "api-key", "", "require 'Authorization: Bearer KEY' on /v1/*")
 	fs.BoolVar(&nc.MetricsOpen, "metrics-open", nc.MetricsOpen, "serve /metrics without the API key (for scrapers that carry none)")
 	fs.IntVar(&ec.Cells, "ctx", ec.Cells, "KV cache size in tokens, over all sequences")
+	fs.IntVar(&ec.SeqContext, "seq-ctx", ec.SeqContext, "most tokens one conversation holds (0: the model's trained context)")
 	fs.IntVar(&ec.Sequences, "sequences", ec.Sequences, "conversations held at once (running or cached)")
 	fs.IntVar(&ec.BatchSize, "batch", ec.BatchSize, "tokens per decode step")
 	fs.IntVar(&ec.Threads, "threads", ec.Threads, "CPU threads for inference")

@@ -151,6 +151,9 @@ func (m *Model) Close() {
 // NumVocab is the number of tokens in the vocabulary.
 func (m *Model) NumVocab() int { return int(C.llama_vocab_n_tokens(m.vocab)) }
 
+// TrainedContext is the context length the model was trained for.
+func (m *Model) TrainedContext() int { return int(C.llama_model_n_ctx_train(m.c)) }
+
 // Description is llama.cpp's one-line description of the model (architecture, size, type).
 func (m *Model) Description() string {
 	var buf [256]C.char
