@@ -31,8 +31,13 @@ type Config struct {
 	// (an explicit address is needed when binding 0.0.0.0).
 	AdvertiseAddr string
 	AdvertisePort int
-	// Join lists seed peers (host:port). Empty starts a new cluster.
+	// Join lists seed peers (host:port). A host name stands for every address it
+	// resolves to, looked up again at each join: a Kubernetes headless service's name is
+	// every pod of its StatefulSet. Empty starts a new cluster, and so does a list that
+	// resolves to this node alone (the first pod of a service).
 	Join []string
+	// LookupHost resolves a seed's host name to addresses. Nil means the system resolver.
+	LookupHost func(ctx context.Context, host string) ([]string, error)
 	// RejoinInterval is how often a node that sees members dead (not departed), or sees
 	// none, joins again (a seed, and dead members' addresses), so a node or a side of a
 	// partition cut off longer than the dead timeout finds its way back. A node that
@@ -314,7 +319,14 @@ func (g *Gossip) Run(ctx context.Context) error {
 		now := time.Now()
 		var targets []string
 		if !now.Before(joinAt) {
-			targets = g.joinTargets(ml.NumMembers())
+			seeds, alone := g.seeds(ctx)
+			if alone && !g.Joined() {
+				g.log.Info("the seeds resolve to this node alone: starting the cluster", "seeds", g.cfg.Join)
+				g.mu.Lock()
+				g.joined = true
+				g.mu.Unlock()
+			}
+			targets = g.joinTargets(seeds, ml.NumMembers())
 			joinAt = now.Add(g.cfg.RejoinInterval) // unless a join below says otherwise
 		}
 		if len(targets) > 0 {
@@ -362,12 +374,49 @@ func (g *Gossip) Run(ctx context.Context) error {
 // with each, and a seed list may name every node (a headless service's DNS name does).
 const joinFanout = 3
 
+// seeds resolves the seed list (see Config.Join) to host:port addresses, this node's own
+// left out. alone reports that every seed resolved and the only address was this node's.
+func (g *Gossip) seeds(ctx context.Context) (addrs []string, alone bool) {
+	lookup := g.cfg.LookupHost
+	if lookup == nil {
+		lookup = net.DefaultResolver.LookupHost
+	}
+	self := g.Addr()
+	resolved, selfSeen := true, false
+	for _, seed := range g.cfg.Join {
+		host, port, err := net.SplitHostPort(seed)
+		if err != nil {
+			g.log.Warn("seed is not host:port", "seed", seed, "err", err)
+			continue
+		}
+		hosts := []string{host}
+		if net.ParseIP(host) == nil {
+			lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			hosts, err = lookup(lctx, host)
+			cancel()
+			if err != nil {
+				g.log.Debug("cannot resolve seed", "seed", seed, "err", err)
+				resolved = false
+				continue
+			}
+		}
+		for _, h := range hosts {
+			switch addr := net.JoinHostPort(h, port); {
+			case addr == self:
+				selfSeen = true
+			case !slices.Contains(addrs, addr):
+				addrs = append(addrs, addr)
+			}
+		}
+	}
+	return addrs, resolved && selfSeen && len(addrs) == 0
+}
+
 // joinTargets are the addresses to join now, given the members memberlist counts: up to
 // joinFanout seeds in random order until this node has joined; after that, only when it
 // sees a member dead or none at all, one seed and up to two dead members' addresses
 // (either may be on the far side of a healed partition).
-func (g *Gossip) joinTargets(members int) []string {
-	seeds := slices.Clone(g.cfg.Join)
+func (g *Gossip) joinTargets(seeds []string, members int) []string {
 	rand.Shuffle(len(seeds), func(i, j int) { seeds[i], seeds[j] = seeds[j], seeds[i] })
 	g.mu.Lock()
 	defer g.mu.Unlock()

@@ -3,6 +3,9 @@ package gossip
 import (
 	"context"
 	"log/slog"
+	"net"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -15,6 +18,12 @@ func start(t *testing.T, id string, join []string, key []byte) (*Gossip, context
 	t.Helper()
 	cfg := DefaultConfig()
 	cfg.ID, cfg.BindAddr, cfg.BindPort, cfg.Join, cfg.Key = id, "127.0.0.1", 0, join, key
+	return startWith(t, cfg)
+}
+
+func startWith(t *testing.T, cfg Config) (*Gossip, context.CancelFunc) {
+	t.Helper()
+	id := cfg.ID
 	cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
 	g, err := New(cfg, Meta{ID: id, HTTPAddr: "127.0.0.1:1", Fingerprint: "fp"})
 	if err != nil {
@@ -208,5 +217,46 @@ func TestMetaDue(t *testing.T) {
 		if got := g.due(tc.since, tc.members); got != tc.want {
 			t.Errorf("%s: due = %v, want %v", tc.name, got, tc.want)
 		}
+	}
+}
+
+// A seed's host name stands for every address it resolves to (a headless service's name
+// is every pod): a node joins through the live ones whatever their order, leaves itself
+// out, and starts the cluster when the name resolves to itself alone.
+func TestJoinByName(t *testing.T) {
+	a, _ := start(t, "a", nil, nil)
+	_, port, _ := strings.Cut(a.Addr(), ":")
+	names := map[string][]string{
+		"cluster.test": {"127.0.0.3", "127.0.0.2", "127.0.0.4", "127.0.0.1"}, // only .1 (a) is up; .2 is b
+		"solo.test":    {"127.0.0.5"},
+	}
+	lookup := func(_ context.Context, host string) ([]string, error) {
+		if addrs, ok := names[host]; ok {
+			return addrs, nil
+		}
+		return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
+	}
+	node := func(id, ip, seed string) *Gossip {
+		cfg := DefaultConfig()
+		cfg.ID, cfg.BindAddr, cfg.Join, cfg.LookupHost = id, ip, []string{net.JoinHostPort(seed, port)}, lookup
+		cfg.BindPort, _ = strconv.Atoi(port)
+		g, _ := startWith(t, cfg)
+		return g
+	}
+	b := node("b", "127.0.0.2", "cluster.test")
+	poll.Until(t, 15*time.Second, "b joins a through the name", func() bool {
+		return b.Joined() && states(b)["a"].State == Alive && states(a)["b"].State == Alive
+	})
+	if got, alone := b.seeds(t.Context()); alone || len(got) != 3 || slices.Contains(got, b.Addr()) {
+		t.Errorf("b's seeds = %v (alone %v), want the three other addresses", got, alone)
+	}
+	c := node("c", "127.0.0.5", "solo.test")
+	poll.Until(t, 15*time.Second, "c, alone behind its name, starts a cluster", c.Joined)
+	d := node("d", "127.0.0.6", "missing.test")
+	if got, alone := d.seeds(t.Context()); alone || len(got) != 0 {
+		t.Errorf("a name that does not resolve: seeds %v alone %v, want none and not alone", got, alone)
+	}
+	if d.Joined() {
+		t.Error("d joined although its seed does not resolve")
 	}
 }
