@@ -38,9 +38,11 @@ export CGO_CFLAGS   := -O3 $(ISA)
 export CGO_CXXFLAGS := -O3 $(ISA)
 
 APT_PACKAGES := nlohmann-json3-dev libstb-dev nftables iproute2
+# Only for make test: the dashboard's test drives a real browser.
+TEST_APT_PACKAGES := chromium
 MALGO        := github.com/gen2brain/malgo@v0.11.24
 
-.PHONY: all deps flags build bench-portable model bench-model test race lint tidy-check bench bench-http bench-cluster bench-compare run chaos chaos-cleanup clean
+.PHONY: all deps test-deps flags build bench-portable model bench-model test race lint tidy-check bench bench-http bench-cluster bench-compare run chaos chaos-cleanup clean
 
 all: build
 
@@ -83,7 +85,18 @@ $(BENCH_MODEL):
 
 # Packages run one at a time (-p 1): engine tests and real clusters each want the whole
 # machine, and timing-sensitive assertions (drain, cut-off) should not fight each other.
-test: deps model $(BENCH_MODEL)
+# test-deps: what the tests need beyond the build (only when missing).
+test-deps: .build/test-deps.stamp
+
+.build/test-deps.stamp: Makefile
+	@missing=$$(for p in $(TEST_APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing $$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+	@mkdir -p .build && touch $@
+
+test: deps test-deps model $(BENCH_MODEL)
 	INFERNODE_TEST_MODEL=$(CURDIR)/$(MODEL) INFERNODE_BENCH_MODEL=$(CURDIR)/$(BENCH_MODEL) $(GO) test -p 1 -count=1 -timeout 20m ./...
 
 race: deps model

@@ -37,6 +37,9 @@ type Config struct {
 	// Secret is the cluster secret every node gets (through INFERNODE_CLUSTER_SECRET, so
 	// it does not show in process listings). Empty: Start makes a random one.
 	Secret string
+	// APIKey, if set, is the API key every node requires of clients (through
+	// INFERNODE_API_KEY); the cluster's own requests carry it.
+	APIKey string
 	// Topology, if set, runs node i in host i's network namespace (on the host's
 	// address, ports 8080 and 7946) instead of on loopback.
 	Topology *netem.Topology
@@ -157,6 +160,9 @@ func (n *Node) start(ctx context.Context) error {
 	cmd.Env = os.Environ()
 	if !n.standalone {
 		cmd.Env = append(cmd.Env, "INFERNODE_CLUSTER_SECRET="+n.cfg.Secret)
+	}
+	if n.cfg.APIKey != "" {
+		cmd.Env = append(cmd.Env, "INFERNODE_API_KEY="+n.cfg.APIKey)
 	}
 	// Its own process group: a Ctrl-C meant for the testbed does not reach the nodes
 	// directly, so the testbed decides how they stop.
@@ -380,7 +386,14 @@ type MemberView struct {
 // View asks a node for its view of the cluster.
 func (c *Cluster) View(n *Node) (ClusterView, error) {
 	var v ClusterView
-	resp, err := c.http.Get(n.URL() + "/v1/cluster")
+	req, err := http.NewRequest("GET", n.URL()+"/v1/cluster", nil)
+	if err != nil {
+		return v, err
+	}
+	if c.cfg.APIKey != "" {
+		req.Header.Set("Authorization", "Bearer "+c.cfg.APIKey)
+	}
+	resp, err := c.http.Do(req)
 	if err != nil {
 		return v, err
 	}
