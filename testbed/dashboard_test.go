@@ -47,7 +47,7 @@ func TestDashboard(t *testing.T) {
 	}
 
 	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(browser), chromedp.NoSandbox,
-		chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1280, 820),
+		chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1440, 820),
 		// This machine has no network beyond loopback: no background fetches.
 		chromedp.Flag("disable-quic", true), chromedp.Flag("disable-component-update", true))
 	alloc, cancelAlloc := chromedp.NewExecAllocator(t.Context(), opts...)

@@ -381,7 +381,7 @@ func (r *Router) commit() {
 func (r *Router) ringChanged() {
 	members := r.table.Ring().Members()
 	r.log.Info("ring changed", "members", members)
-	r.happened("ring", "", fmt.Sprintf("%d members", len(members)))
+	r.happened("ring", "", fmt.Sprintf("%d on this node's ring", len(members)))
 	if r.joined.IsZero() && len(members) > 1 && slices.Contains(members, r.cfg.Self) {
 		r.joined, r.pulled = r.clock.Now(), map[string]bool{}
 	}
