@@ -39,12 +39,15 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func startCluster(t testing.TB, n int, args ...string) *Cluster {
+// launch starts cfg's cluster of the test binary, its logs in a temporary directory and
+// the tails of them in the test's output if it fails, one llama.cpp thread a node (several
+// nodes share this machine's cores) unless cfg.Args says otherwise, and stops it when the
+// test ends.
+func launch(t testing.TB, cfg Config) *Cluster {
 	t.Helper()
-	model := testenv.Model(t)
-	c, err := Start(t.Context(), Config{Binary: binary, Model: model, Nodes: n, LogDir: t.TempDir(),
-		// One llama.cpp thread a node: several nodes share this machine's cores.
-		Args: append([]string{"--ctx", "8192", "--log-level", "info", "--threads", "1"}, args...)})
+	cfg.Binary, cfg.LogDir = binary, t.TempDir()
+	cfg.Args = append([]string{"--log-level", "info", "--threads", "1"}, cfg.Args...)
+	c, err := Start(t.Context(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,6 +60,13 @@ func startCluster(t testing.TB, n int, args ...string) *Cluster {
 			}
 		}
 	})
+	return c
+}
+
+func startCluster(t testing.TB, n int, args ...string) *Cluster {
+	t.Helper()
+	c := launch(t, Config{Model: testenv.Model(t), Nodes: n,
+		Args: append([]string{"--ctx", "8192"}, args...)})
 	if took, err := c.WaitRings(t.Context(), c.IDs(), 30*time.Second); err != nil {
 		t.Fatal(err)
 	} else {

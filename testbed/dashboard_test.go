@@ -35,13 +35,7 @@ func TestDashboard(t *testing.T) {
 	browser := chromium()
 	testenv.Require(t, browser != "", "Chromium is not installed (make test installs Debian's chromium)")
 	const key = "dashboard-test-key"
-	model := testenv.Model(t)
-	c, err := Start(t.Context(), Config{Binary: binary, Model: model, Nodes: 3, LogDir: t.TempDir(), APIKey: key,
-		Args: []string{"--log-level", "info", "--threads", "1"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
+	c := launch(t, Config{Model: testenv.Model(t), Nodes: 3, APIKey: key})
 	if _, err := c.WaitRings(t.Context(), c.IDs(), 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +63,7 @@ func TestDashboard(t *testing.T) {
 		}
 		return n
 	}
-	err = chromedp.Do(ctx,
+	err := chromedp.Do(ctx,
 		chromedp.Navigate(entry.URL()+"/"),
 		chromedp.WaitVisible(chromedp.CSS("#keyform")),
 		chromedp.SendKeys(chromedp.CSS("#key"), key),

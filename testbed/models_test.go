@@ -4,8 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -67,20 +65,7 @@ func complete(t testing.TB, url, model, prompt string, maxTokens int) (status in
 func TestTwoModels(t *testing.T) {
 	stories := testenv.SharedModel(t, "stories260K.gguf")
 	tiny := testenv.SharedModel(t, "tinystories-656k-f32.gguf")
-	c, err := Start(t.Context(), Config{Binary: binary, Model: stories, Nodes: 2, LogDir: t.TempDir(),
-		Args: []string{"--log-level", "info", "--threads", "1"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		c.Close()
-		if t.Failed() {
-			for _, n := range c.Nodes {
-				b, _ := os.ReadFile(filepath.Join(c.cfg.LogDir, "node-"+n.ID+".log"))
-				t.Logf("log of %s:\n%s", n.ID, tailLines(string(b), 40))
-			}
-		}
-	})
+	c := launch(t, Config{Model: stories, Nodes: 2})
 	for _, id := range []string{"tiny1", "tiny2"} {
 		if _, err := c.Add(t.Context(), id, "--model", tiny); err != nil {
 			t.Fatal(err)
