@@ -37,7 +37,7 @@ export CGO_CPPFLAGS := -I$(INCLUDE)
 export CGO_CFLAGS   := -O3 $(ISA)
 export CGO_CXXFLAGS := -O3 $(ISA)
 
-APT_PACKAGES := nlohmann-json3-dev libstb-dev nftables iproute2
+APT_PACKAGES := nlohmann-json3-dev libstb-dev nftables iproute2 iptables
 # Only for make test: the dashboard's test drives a real browser.
 TEST_APT_PACKAGES := chromium
 MALGO        := github.com/gen2brain/malgo@v0.11.24

@@ -57,6 +57,9 @@ type Host struct {
 	IP    string // address on the test network
 	veth  string // the host-side end of its veth pair (on the bridge)
 	t     *Topology
+
+	mu       sync.Mutex
+	delayers []*delayer // userspace delays (see Delay)
 }
 
 // New builds a topology of n hosts. prefix names everything it creates (at most 6
@@ -117,6 +120,9 @@ func (t *Topology) Close() {
 	defer t.mu.Unlock()
 	if !t.closed {
 		t.closed = true
+		for _, h := range t.Nodes {
+			h.healDelays()
+		}
 		Cleanup(t.prefix)
 	}
 }
@@ -196,16 +202,6 @@ func (h *Host) Bandwidth(kbit int) error {
 		"rate", fmt.Sprintf("%dkbit", kbit), "burst", "32kbit", "latency", "400ms")
 }
 
-// Delay adds latency (and jitter) to what the host sends. It needs sch_netem.
-func (h *Host) Delay(ms, jitterMs int) error {
-	err := run("ip", "netns", "exec", h.NS, "tc", "qdisc", "replace", "dev", "eth0", "root", "netem",
-		"delay", fmt.Sprintf("%dms", ms), fmt.Sprintf("%dms", jitterMs))
-	if err != nil {
-		return fmt.Errorf("%w: delay needs the kernel's sch_netem (%v)", ErrUnsupported, err)
-	}
-	return nil
-}
-
 // Dropped is how many packets the host's loss rule has dropped since Loss was called.
 func (h *Host) Dropped() (int, error) {
 	out, err := exec.Command("ip", "netns", "exec", h.NS, "nft", "list", "chain", "inet", "netem", "out").Output()
@@ -232,10 +228,7 @@ func (h *Host) Dropped() (int, error) {
 // Heal removes every fault from the host.
 func (h *Host) Heal() error {
 	run("ip", "netns", "exec", h.NS, "tc", "qdisc", "del", "dev", "eth0", "root")
-	if err := h.nft("flush chain inet netem in"); err != nil {
-		return err
-	}
-	return h.nft("flush chain inet netem out")
+	return errors.Join(h.healDelays(), h.nft("flush chain inet netem in"), h.nft("flush chain inet netem out"))
 }
 
 // HealAll heals every host.

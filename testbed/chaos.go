@@ -450,7 +450,8 @@ func (c *Cluster) apply(ctx context.Context, f Fault) (Applied, func() (time.Dur
 		case "bandwidth":
 			a.Backend, err = "tbf", n.Host.Bandwidth(f.Amount)
 		case "delay":
-			a.Backend, err = "netem", n.Host.Delay(f.Amount, f.Amount/5)
+			a.Backend, err = n.Host.Delay(netem.Shape{Delay: time.Duration(f.Amount) * time.Millisecond,
+				Jitter: time.Duration(f.Amount) * time.Millisecond / 5})
 		case "heal":
 			err = errors.Join(err, c.cfg.Topology.HealAll())
 			expectAll = true
