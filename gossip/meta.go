@@ -29,6 +29,8 @@ type Meta struct {
 	Decode      int    `json:"tps,omitempty"`  // tokens it generated a second lately
 	Leaving     bool   `json:"leaving,omitempty"`
 	Hop         []int  `json:"hop,omitempty"` // major versions of the hop protocol the node speaks
+	// Slow lists the peers this node finds slow (gray failures: they answer, slowly).
+	Slow []string `json:"slow,omitempty"`
 }
 
 // withoutLoad is m with the fields that change with load zeroed.

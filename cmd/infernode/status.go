@@ -104,7 +104,11 @@ func clusterTable(client *http.Client, url, apiKey string) ([]byte, error) {
 		case m.Reason == "hop protocol":
 			model += " (incompatible hop)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%v\t%v\t%s\t%s\t%d\t%d\t%d\t%d\n", m.ID, m.HTTPAddr, m.GossipAddr, m.State,
+		state := m.State
+		if m.Degraded {
+			state += " (degraded)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%v\t%v\t%s\t%s\t%d\t%d\t%d\t%d\n", m.ID, m.HTTPAddr, m.GossipAddr, state,
 			m.Healthy, m.Ready, model, ring, m.Load["running"], m.Load["waiting"], m.Load["free_kv"], m.TokensPerS)
 	}
 	tw.Flush()

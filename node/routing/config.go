@@ -75,6 +75,20 @@ type Config struct {
 	// its turns, for when its owner fails: the node that would take it over, then the one
 	// after it. 0 turns replication off. Default 1.
 	Replicas int
+	// GrayFactor and GrayFloor make a peer slow in this node's eyes (a gray failure) when
+	// its probes' round trips, or the gaps between the tokens it sends back, average more
+	// than GrayFactor times the other peers' lower median and GrayFloor more, for
+	// GrayEnter probe rounds in a row; it stops being slow after GrayExit rounds under half
+	// that margin. Defaults 3, 20ms, 4 and 6: a LAN peer answers a probe in about a
+	// millisecond, so 20ms more is a peer in trouble, and it takes 2s of it to say so.
+	GrayFactor float64
+	GrayFloor  time.Duration
+	GrayEnter  int
+	GrayExit   int
+	// DegradedShare is the share of the conversations it owns that a degraded member
+	// (one most of the cluster finds slow) keeps; the others go to their next owners
+	// until it recovers. Default 0.25.
+	DegradedShare float64
 	// Candidates is how many ring owners a request may try. Default 3.
 	Candidates int
 	// DefaultMaxTokens is the engine's token limit for requests that set none, needed to
@@ -110,6 +124,11 @@ func DefaultConfig() Config {
 		KVBandwidth:     800,                    // of a gigabit link, a fifth stays for serving and gossip
 		KVMargin:        1.25,                   // the estimates are moving averages; an import also stalls the destination briefly
 		Replicas:        1,                      // a crash costs its conversations a transfer, not a prefill
+		GrayFactor:      3,
+		GrayFloor:       20 * time.Millisecond,
+		GrayEnter:       4,
+		GrayExit:        6,
+		DegradedShare:   0.25,
 		Ring:            ring.DefaultConfig(),
 	}
 }
@@ -157,6 +176,10 @@ func (c Config) Validate() error {
 	check(c.Replicas >= 0 && c.Replicas <= maxReplicas, "replicas must be between 0 and %d, got %d", maxReplicas, c.Replicas)
 	check(c.DefaultMaxTokens >= 1, "default max tokens must be at least 1, got %d", c.DefaultMaxTokens)
 	check(c.QueueCap >= 0, "queue capacity must not be negative, got %d", c.QueueCap)
+	check(c.GrayFactor > 1, "gray factor must be above 1, got %g", c.GrayFactor)
+	check(c.GrayFloor >= 0, "gray floor must not be negative, got %v", c.GrayFloor)
+	check(c.GrayEnter >= 1 && c.GrayExit >= 1, "gray enter and exit rounds must be at least 1, got %d and %d", c.GrayEnter, c.GrayExit)
+	check(c.DegradedShare >= 0 && c.DegradedShare <= 1, "degraded share must be in [0, 1], got %g", c.DegradedShare)
 	err := c.Ring.Validate()
 	check(err == nil, "ring: %w", err)
 	return p.Err()

@@ -66,6 +66,9 @@ type Router struct {
 	refused map[string]bool          // member names refused for claiming a live member's id (logged once)
 	down    map[string]chan struct{} // closed when the peer is declared down (see abandonDown)
 	names   map[string]string        // model id → its ring (see modelRings), for models served by peers
+	// degraded is the cluster's verdict on gray failures (see gray.go).
+	degraded map[string]bool
+	gray     grayState
 
 	// probeSick and probeNext are where the next round's checks of peers that are not
 	// healthy, and of the others, start (see probeTargets); guarded by mu.
@@ -83,10 +86,11 @@ type Router struct {
 	events               happenings
 	rate                 decodeRate // tokens a second this node generates, as gossiped
 
-	forwards *prometheus.CounterVec
-	resumes  prometheus.Counter
-	ringSize prometheus.GaugeFunc
-	kv       kvMetrics
+	forwards  *prometheus.CounterVec
+	resumes   prometheus.Counter
+	ringSize  prometheus.GaugeFunc
+	degradedN prometheus.GaugeFunc
+	kv        kvMetrics
 }
 
 // New builds a router. It starts nothing: Run does.
@@ -113,17 +117,18 @@ func New(cfg Config, g Membership, local Engine) (*Router, error) {
 	r := &Router{
 		cfg: cfg, log: log.With("component", "routing", "node", cfg.Self), gossip: g, local: local,
 		client: &http.Client{Transport: transport}, clock: clock, auth: newAuth(cfg.Secret, cfg.AcceptSecrets, clock, cfg.MaxSkew),
-		table:   ring.NewTable(cfg.Ring, cfg.Self),
-		members: map[string]gossip.Member{},
-		holder:  map[string]string{},
-		refused: map[string]bool{},
-		down:    map[string]chan struct{}{},
-		names:   map[string]string{cfg.Model: ""},
-		ringCh:  make(chan struct{}, 1),
-		kvSlots: make(chan struct{}, cfg.KVTransfers),
-		kvLimit: newKVLimit(cfg.KVBandwidth),
-		kvRates: map[string]float64{},
-		started: clock.Now(),
+		table:    ring.NewTable(cfg.Ring, cfg.Self),
+		members:  map[string]gossip.Member{},
+		holder:   map[string]string{},
+		refused:  map[string]bool{},
+		down:     map[string]chan struct{}{},
+		names:    map[string]string{cfg.Model: ""},
+		degraded: map[string]bool{},
+		ringCh:   make(chan struct{}, 1),
+		kvSlots:  make(chan struct{}, cfg.KVTransfers),
+		kvLimit:  newKVLimit(cfg.KVBandwidth),
+		kvRates:  map[string]float64{},
+		started:  clock.Now(),
 		// Each node starts its turns at its own place (see probeTargets).
 		probeNext: int(crc32.ChecksumIEEE([]byte(cfg.Self)) % (1 << 20)),
 		kv:        newKVMetrics(),
@@ -137,6 +142,13 @@ func New(cfg Config, g Membership, local Engine) (*Router, error) {
 	r.ringSize = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "infernode_ring_members", Help: "Peers on this node's ring, itself included.",
 	}, func() float64 { return float64(r.table.Ring().Len()) })
+	r.degradedN = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "infernode_degraded_members", Help: "Members the cluster finds slow (gray failures), as this node sees it.",
+	}, func() float64 {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return float64(len(r.degraded))
+	})
 	if len(cfg.Secret) == 0 {
 		r.log.Warn("hops are not authenticated (insecure): anyone who reaches this node's HTTP port can submit raw requests as a peer")
 	}
@@ -145,7 +157,7 @@ func New(cfg Config, g Membership, local Engine) (*Router, error) {
 
 // Collectors are the router's Prometheus metrics.
 func (r *Router) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{r.forwards, r.resumes, r.ringSize, r.kv.transfers, r.kv.bytes, r.kv.seconds}
+	return []prometheus.Collector{r.forwards, r.resumes, r.ringSize, r.degradedN, r.kv.transfers, r.kv.bytes, r.kv.seconds}
 }
 
 // RingChanges signals (coalesced) that this node's ring changed.
@@ -221,7 +233,7 @@ func (r *Router) Publish() {
 	err := r.gossip.SetMeta(gossip.Meta{
 		ID: r.cfg.Self, HTTPAddr: r.cfg.HTTPAddr, Fingerprint: r.cfg.Fingerprint, Model: r.cfg.Model, Ready: ready, Hop: Versions,
 		Running: st.Running, Waiting: st.Waiting, FreeKV: st.KVCells - st.KVUsed, QueueCap: r.cfg.QueueCap,
-		Prefill: int(st.PrefillRate), Decode: int(r.rate.update(r.clock.Now(), st.Generated)),
+		Prefill: int(st.PrefillRate), Decode: int(r.rate.update(r.clock.Now(), st.Generated)), Slow: r.slowPeers(),
 	})
 	if err != nil {
 		r.log.Error("cannot gossip metadata", "err", err)
@@ -360,6 +372,7 @@ func (r *Router) record(members []gossip.Member) {
 	}
 	r.members = byID
 	r.names = r.modelRings()
+	r.updateDegraded()
 }
 
 // commit puts the changes recorded in the table on the ring in one update, built outside
@@ -436,7 +449,14 @@ func (r *Router) ProbeAll(ctx context.Context) {
 	results := make(chan result, len(targets))
 	var wg sync.WaitGroup
 	for id, addr := range targets {
-		wg.Go(func() { results <- result{id, r.probe(ctx, addr)} })
+		wg.Go(func() {
+			start := r.clock.Now()
+			ok := r.probe(ctx, addr)
+			if ok {
+				r.observeProbe(id, r.clock.Now().Sub(start))
+			}
+			results <- result{id, ok}
+		})
 	}
 	wg.Wait()
 	close(results)
@@ -446,6 +466,20 @@ func (r *Router) ProbeAll(ctx context.Context) {
 	}
 	if flipped {
 		r.commit()
+	}
+	r.mu.Lock()
+	var live []string
+	for id, m := range r.members {
+		if m.State == gossip.Alive && !m.Meta.Leaving {
+			live = append(live, id)
+		}
+	}
+	r.mu.Unlock()
+	if r.judgeSpeeds(live) {
+		r.mu.Lock()
+		r.updateDegraded()
+		r.mu.Unlock()
+		r.Publish()
 	}
 }
 
@@ -544,6 +578,7 @@ func (r *Router) recordCheck(peer string, ok bool, by string) bool {
 type candidate struct {
 	id, addr string
 	full     bool // its gossiped queue is full
+	slow     bool // degraded (see gray.go)
 	load     int  // its requests running and waiting, as last gossiped
 }
 
@@ -562,24 +597,31 @@ func (r *Router) candidates(model, key string) []candidate {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if len(ids) > 1 && r.degraded[ids[0]] && !r.keeps(key) {
+		ids = append(ids[1:], ids[0]) // a degraded owner keeps only its share (see gray.go)
+	}
 	out := make([]candidate, 0, len(ids))
 	for _, id := range ids {
 		if id == r.cfg.Self {
-			out = append(out, candidate{id: id, load: st.Running + st.Waiting})
+			out = append(out, candidate{id: id, slow: r.degraded[id], load: st.Running + st.Waiting})
 			continue
 		}
 		m := r.members[id].Meta
-		out = append(out, candidate{id: id, addr: m.HTTPAddr, full: m.Full(), load: m.Running + m.Waiting})
+		out = append(out, candidate{id: id, addr: m.HTTPAddr, full: m.Full(), slow: r.degraded[id], load: m.Running + m.Waiting})
 	}
 	if len(out) > 1 {
-		slices.SortStableFunc(out[1:], func(a, b candidate) int {
+		// Spill-over goes to a full queue last, and to a degraded member only before that.
+		rank := func(c candidate) int {
 			switch {
-			case a.full && !b.full:
+			case c.full:
+				return 2
+			case c.slow:
 				return 1
-			case b.full && !a.full:
-				return -1
 			}
-			return cmp.Compare(a.load, b.load)
+			return 0
+		}
+		slices.SortStableFunc(out[1:], func(a, b candidate) int {
+			return cmp.Or(cmp.Compare(rank(a), rank(b)), cmp.Compare(a.load, b.load))
 		})
 	}
 	return out
@@ -654,6 +696,11 @@ type MemberView struct {
 	RingShare   float64        `json:"ring_share"`             // of its model's ring
 	Load        map[string]int `json:"load"`
 	TokensPerS  int            `json:"tokens_per_second"` // generated lately
+	// Degraded: most of the cluster finds it slow (a gray failure; see gray.go). SlowHere:
+	// this node does. ProbeMS: the moving average of this node's probes of it.
+	Degraded bool    `json:"degraded"`
+	SlowHere bool    `json:"slow_here,omitempty"`
+	ProbeMS  float64 `json:"probe_ms,omitempty"`
 }
 
 // View returns the cluster as this node sees it, with its ring sampled at points places
@@ -679,10 +726,12 @@ func (r *Router) View(points int) View {
 		Load:       map[string]int{"running": st.Running, "waiting": st.Waiting, "free_kv": st.KVCells - st.KVUsed},
 		TokensPerS: int(r.rate.update(r.clock.Now(), st.Generated)),
 	})
+	v.Members[0].Degraded = r.degraded[r.cfg.Self]
 	peers := map[string]ring.Peer{}
 	for _, p := range r.table.Peers() {
 		peers[p.ID] = p
 	}
+	speeds := r.speeds()
 	for id, m := range r.members {
 		p := peers[id]
 		state := string(m.State)
@@ -698,7 +747,7 @@ func (r *Router) View(points int) View {
 			Compatible: why == "", Reason: why, Model: m.Meta.Model, Fingerprint: m.Meta.Fingerprint, Hop: m.Meta.Hop,
 			OnRing: p.OnRing, RingShare: shareOf(r.ringOf(m.Meta), id),
 			Load:       map[string]int{"running": m.Meta.Running, "waiting": m.Meta.Waiting, "free_kv": m.Meta.FreeKV},
-			TokensPerS: m.Meta.Decode,
+			TokensPerS: m.Meta.Decode, Degraded: r.degraded[id], SlowHere: speeds[id].slow, ProbeMS: ms(speeds[id].probe.v),
 		})
 	}
 	slices.SortFunc(v.Members[1:], func(a, b MemberView) int { return strings.Compare(a.ID, b.ID) })

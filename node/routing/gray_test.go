@@ -1,0 +1,115 @@
+package routing
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+)
+
+// probeRound records one probe round of the given round trips and judges the peers.
+func (c *cluster) probeRound(rtts map[string]time.Duration) {
+	for id, d := range rtts {
+		c.entry.observeProbe(id, d)
+	}
+	if c.entry.judgeSpeeds(c.IDs()) {
+		c.entry.mu.Lock()
+		c.entry.updateDegraded()
+		c.entry.mu.Unlock()
+	}
+}
+
+// IDs are the entry's peers.
+func (c *cluster) IDs() []string {
+	var ids []string
+	for id := range c.peers {
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+// A peer that answers its probes, slowly, is slow in this node's eyes after GrayEnter
+// rounds (not after one), degraded once most of the cluster says so, and keeps only its
+// share of conversations (the rest go to their next owners; it stays on the ring and last
+// among spill-over candidates); it is restored after GrayExit good rounds.
+func TestGrayFailure(t *testing.T) {
+	c := newCluster(t, "b", "c", "d")
+	a := c.entry
+	fast, slow := time.Millisecond, 60*time.Millisecond
+
+	// One slow round is noise.
+	c.probeRound(map[string]time.Duration{"b": fast, "c": slow, "d": fast})
+	c.probeRound(map[string]time.Duration{"b": fast, "c": fast, "d": fast})
+	// A slow peer: its average passes the margin after a round or two, then it takes
+	// GrayEnter rounds in a row.
+	rounds := 0
+	for len(a.slowPeers()) == 0 && rounds < 20 {
+		c.probeRound(map[string]time.Duration{"b": fast, "c": fast, "d": slow})
+		rounds++
+	}
+	if got := a.slowPeers(); !slices.Equal(got, []string{"d"}) || rounds < a.cfg.GrayEnter || rounds > a.cfg.GrayEnter+2 {
+		t.Fatalf("after %d slow rounds this node finds %v slow, want [d] after %d to %d", rounds, got, a.cfg.GrayEnter, a.cfg.GrayEnter+2)
+	}
+	t.Logf("slow after %d rounds", rounds)
+	// One vote of four observers is not the cluster's verdict; a second makes a majority.
+	if a.degraded["d"] {
+		t.Fatal("d degraded on this node's word alone")
+	}
+	ms := c.members.Members()
+	for i := range ms {
+		if ms[i].Meta.ID == "b" {
+			ms[i].Meta.Slow = []string{"d"}
+		}
+	}
+	c.members.set(ms...)
+	a.Sync()
+	if !a.degraded["d"] || !a.View(0).Members[slices.IndexFunc(a.View(0).Members, func(m MemberView) bool { return m.ID == "d" })].Degraded {
+		t.Fatal("d not degraded with two of three observers finding it slow")
+	}
+	if !c.onRing("d") {
+		t.Fatal("a degraded member left the ring")
+	}
+	recent, _, stop := a.Happenings()
+	stop()
+	if !slices.ContainsFunc(recent, func(e Happening) bool { return e.Kind == "degraded" && e.Peer == "d" }) {
+		t.Errorf("no degraded event: %v", recent)
+	}
+
+	// d keeps about DegradedShare of the conversations it owns on the ring.
+	owned, kept := 0, 0
+	for i := range 20000 {
+		key := fmt.Sprint("conv-", i)
+		owners, _ := a.table.Ring().Owners(key, 1)
+		if owners[0] != "d" {
+			continue
+		}
+		owned++
+		cands := a.candidates("", key)
+		if cands[0].id == "d" {
+			kept++
+		} else if cands[len(cands)-1].id != "d" {
+			t.Fatalf("%s: candidates %v, want d last", key, cands)
+		}
+	}
+	if share := float64(kept) / float64(owned); share < a.cfg.DegradedShare-0.05 || share > a.cfg.DegradedShare+0.05 {
+		t.Errorf("d kept %d of its %d conversations (%.2f), want about %.2f", kept, owned, share, a.cfg.DegradedShare)
+	}
+
+	// Recovered: back after GrayExit rounds under the margin (the average decays first).
+	rounds = 0
+	for a.degraded["d"] && rounds < 30 {
+		c.probeRound(map[string]time.Duration{"b": fast, "c": fast, "d": fast})
+		rounds++
+		if !slices.Contains(a.slowPeers(), "d") {
+			for i := range ms {
+				ms[i].Meta.Slow = nil
+			}
+			c.members.set(ms...)
+			a.Sync()
+		}
+	}
+	if a.degraded["d"] || rounds < a.cfg.GrayExit {
+		t.Fatalf("restored after %d good rounds (degraded %v), want at least %d", rounds, a.degraded["d"], a.cfg.GrayExit)
+	}
+	t.Logf("restored after %d rounds", rounds)
+}
