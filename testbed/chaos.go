@@ -23,8 +23,12 @@ import (
 
 // Fault is one scheduled action on the cluster.
 type Fault struct {
-	At   time.Duration `json:"at"`
-	Kind string        `json:"kind"` // kill, restart, pause, resume, leave, join, isolate, halves, oneway, loss, bandwidth, delay, heal
+	At time.Duration `json:"at"`
+	// kill, restart, pause, resume, leave, join, isolate, halves, oneway, loss, bandwidth,
+	// delay (Amount ms ± a fifth, to every peer), slowlink (Amount ms ± a tenth, from
+	// Node to Peer only), cpu (Node held to Amount percent of one CPU), heal (every
+	// network fault and CPU limit).
+	Kind string `json:"kind"`
 	// Node is an index into the cluster's nodes (join: ignored). Busiest aims a kill, pause,
 	// isolate or leave at the node serving the most streams in flight, so the fault lands
 	// mid-answer; on a restart or resume it names the node the last Busiest fault chose.
@@ -45,7 +49,7 @@ func (f Fault) String() string {
 		node = "busiest owner"
 	}
 	s := fmt.Sprintf("%v %s %s", f.At, f.Kind, node)
-	if f.Kind == "oneway" {
+	if f.Kind == "oneway" || f.Kind == "slowlink" {
 		s += fmt.Sprintf("->node%d", f.Peer+1)
 	}
 	if f.Amount != 0 {
@@ -95,6 +99,11 @@ type Scenario struct {
 	// Overload, when set, makes the workload a burst beyond the cluster's capacity and
 	// adds its invariants (see overload.go).
 	Overload *Overload
+	// Steady: the faults slow the network down without breaking it, so no ring may lose
+	// a member at any time.
+	Steady bool
+	// Gray, when set, checks how the cluster meets one slow node (see gray.go).
+	Gray *Gray
 }
 
 // Applied is a fault as it happened.
@@ -150,6 +159,7 @@ type Report struct {
 	Rings       []RingSample    `json:"rings"`
 	Checks      []Check         `json:"checks"`
 	Overload    *OverloadReport `json:"overload,omitempty"`
+	Gray        *GrayReport     `json:"gray,omitempty"`
 	Records     []Record        `json:"records"`
 }
 
@@ -284,6 +294,12 @@ func RunScenario(ctx context.Context, cfg Config, s Scenario) (*Report, error) {
 	if s.Overload != nil {
 		checkOverload(rep, s)
 	}
+	if s.Steady {
+		checkSteady(rep, s.Nodes)
+	}
+	if s.Gray != nil {
+		c.checkGray(rep, s)
+	}
 	c.checkIdle(ctx, rep, baseline, c.running())
 	c.checkAnswers(ctx, rep, cfg, s)
 	rep.Took = time.Since(rep.Started)
@@ -349,8 +365,11 @@ func (c *Cluster) sampleRings(ctx context.Context, stop <-chan struct{}) []RingS
 			}
 			rs := RingSample{Node: n.ID, Time: time.Now(), Running: v.Members[0].Load["running"], Waiting: v.Members[0].Load["waiting"]}
 			for _, m := range v.Members {
-				if m.OnRing {
+				if m.OnRing && m.Compatible {
 					rs.Size++
+				}
+				if m.Degraded {
+					rs.Degraded = append(rs.Degraded, m.ID)
 				}
 			}
 			out = append(out, rs)
@@ -426,7 +445,20 @@ func (c *Cluster) apply(ctx context.Context, f Fault) (Applied, func() (time.Dur
 	case "leave":
 		a.Backend = "signal (SIGTERM)"
 		err, expectWithout = n.signal(syscall.SIGTERM), true
-	case "isolate", "halves", "oneway", "loss", "bandwidth", "delay", "heal":
+	case "cpu":
+		a.Backend, err = n.LimitCPU(f.Amount)
+		if err != nil && a.Backend != "" { // fell back to another backend: say why, go on
+			a.Backend, err = a.Backend+" ("+err.Error()+")", nil
+		}
+	case "heal":
+		for _, o := range c.Nodes {
+			err = errors.Join(err, o.Unlimit())
+		}
+		a.Backend, expectAll = "cgroup", true
+		if c.cfg.Topology != nil {
+			a.Backend, err = "nftables, iptables, cgroup", errors.Join(err, c.cfg.Topology.HealAll())
+		}
+	case "isolate", "halves", "oneway", "loss", "bandwidth", "delay", "slowlink":
 		if n.Host == nil {
 			a.Backend, a.Err = "none", "network faults need a namespace topology"
 			return a, nil
@@ -452,9 +484,9 @@ func (c *Cluster) apply(ctx context.Context, f Fault) (Applied, func() (time.Dur
 		case "delay":
 			a.Backend, err = n.Host.Delay(netem.Shape{Delay: time.Duration(f.Amount) * time.Millisecond,
 				Jitter: time.Duration(f.Amount) * time.Millisecond / 5})
-		case "heal":
-			err = errors.Join(err, c.cfg.Topology.HealAll())
-			expectAll = true
+		case "slowlink":
+			a.Backend, err = n.Host.Delay(netem.Shape{Delay: time.Duration(f.Amount) * time.Millisecond,
+				Jitter: time.Duration(f.Amount) * time.Millisecond / 10}, c.Nodes[f.Peer].Host)
 		}
 	default:
 		err = fmt.Errorf("unknown fault %q", f.Kind)
@@ -494,7 +526,7 @@ func windows(applied []Applied, c *Cluster, end time.Time) []Window {
 			}
 		}
 	}
-	netKinds := []string{"isolate", "halves", "oneway", "loss", "bandwidth", "delay"}
+	healable := []string{"isolate", "halves", "oneway", "loss", "bandwidth", "delay", "slowlink", "cpu"}
 	for _, a := range applied {
 		if a.Err != "" || a.Unsupported != "" {
 			continue
@@ -506,9 +538,9 @@ func windows(applied []Applied, c *Cluster, end time.Time) []Window {
 		}
 		var touched []string
 		switch f.Kind {
-		case "kill", "pause", "leave", "isolate", "loss", "bandwidth", "delay":
+		case "kill", "pause", "leave", "isolate", "loss", "bandwidth", "delay", "cpu":
 			touched = []string{c.Nodes[f.Node].ID}
-		case "oneway":
+		case "oneway", "slowlink":
 			touched = []string{c.Nodes[f.Node].ID, c.Nodes[f.Peer].ID}
 		case "halves":
 			touched = c.IDs()
@@ -516,7 +548,7 @@ func windows(applied []Applied, c *Cluster, end time.Time) []Window {
 			id := c.Nodes[f.Node].ID
 			closeAll(func(w Window) bool { return w.Node == id }, healed)
 		case "heal":
-			closeAll(func(w Window) bool { return slices.Contains(netKinds, w.Kind) }, healed)
+			closeAll(func(w Window) bool { return slices.Contains(healable, w.Kind) }, healed)
 		}
 		for _, id := range touched {
 			if _, ok := open[id]; !ok {
@@ -653,6 +685,10 @@ func (c *Cluster) checkWarm(rep *Report) {
 			leavesWarm, leaves, joinsWarm, joins, crashesWarm, crashes, firstN(cold, 5))})
 }
 
+// degradedLag bounds how long after a slow node recovered it may still be degraded (see
+// node/routing/gray.go: its average decays, then GrayExit rounds).
+const degradedLag = 10 * time.Second
+
 // checkAffinity: a conversation whose turns all ran while the rings were converged (no
 // fault or healing in progress, so every ring was the same) and whose owner was untouched
 // keeps one serving node. Faults move conversations only while rings change.
@@ -672,8 +708,13 @@ func (c *Cluster) checkAffinity(rep *Report, s Scenario) {
 	}
 	for _, w := range rep.Windows {
 		switch w.Kind {
-		case "loss", "bandwidth", "delay", "oneway", "halves":
+		case "loss", "bandwidth", "oneway", "halves", "slowlink":
 			unsettled = append(unsettled, [2]time.Time{w.From, w.To}) // rings may flap throughout
+		case "delay", "cpu":
+			// A slow node may be degraded: it hands most of its conversations to their
+			// next owners, and takes them back once restored, some seconds after it
+			// recovered.
+			unsettled = append(unsettled, [2]time.Time{w.From, w.To.Add(degradedLag)})
 		}
 	}
 	settled := func(from, to time.Time) bool {

@@ -73,8 +73,9 @@ type Node struct {
 	cmd     *exec.Cmd
 	done    chan struct{}
 	err     error
-	leaving bool // sent SIGTERM: draining, not an entry for new requests
-	ready   bool // its /readyz has answered 200 since it started
+	leaving bool      // sent SIGTERM: draining, not an entry for new requests
+	ready   bool      // its /readyz has answered 200 since it started
+	cpu     *cpuLimit // see LimitCPU
 }
 
 // Start launches the cluster: the first node, then the others joining it.
@@ -336,6 +337,7 @@ func (n *Node) Restart(ctx context.Context) error {
 	if n.Running() {
 		return fmt.Errorf("%s is still running", n.ID)
 	}
+	n.Unlimit() // the limit was the old process's
 	n.mu.Lock()
 	for i := 0; i+1 < len(n.args); i++ {
 		switch n.args[i] {
@@ -359,6 +361,7 @@ func (c *Cluster) Close() {
 			n.Resume()
 			n.Kill()
 		}
+		n.Unlimit()
 	}
 }
 
@@ -380,7 +383,8 @@ type MemberView struct {
 	Compatible  bool           `json:"compatible"` // may share the node's ring: its model
 	OnRing      bool           `json:"on_ring"`    // on its model's ring
 	RingShare   float64        `json:"ring_share"`
-	Load        map[string]int `json:"load"` // running, waiting, free_kv
+	Load        map[string]int `json:"load"`     // running, waiting, free_kv
+	Degraded    bool           `json:"degraded"` // most of the cluster finds it slow
 }
 
 // View asks a node for its view of the cluster.

@@ -468,3 +468,37 @@ func TestCancelAcrossHop(t *testing.T) {
 		t.Error("the owner does not count the disconnect")
 	}
 }
+
+// LimitCPU holds a node to a share of one CPU: its generation rate drops to about that
+// share of what it was (with whatever backend this machine allows), and Unlimit gives it
+// back.
+func TestLimitCPU(t *testing.T) {
+	c := startCluster(t, 1, "--threads", "1")
+	n := c.Nodes[0]
+	rate := func() float64 {
+		start := time.Now()
+		tokens := 0
+		for i := 0; time.Since(start) < 3*time.Second; i++ {
+			a := chat(t, n.URL(), []message{{"user", fmt.Sprint("limit question ", i)}}, 64)
+			if a.status != 200 {
+				t.Fatalf("chat: %d", a.status)
+			}
+			tokens += 64
+		}
+		return float64(tokens) / time.Since(start).Seconds()
+	}
+	free := rate()
+	backend, err := n.LimitCPU(25)
+	if err != nil {
+		t.Logf("LimitCPU: %v", err)
+	}
+	limited := rate()
+	if err := n.Unlimit(); err != nil {
+		t.Fatal(err)
+	}
+	again := rate()
+	t.Logf("tokens/s: %.0f free, %.0f at 25%% of a CPU (%s), %.0f after", free, limited, backend, again)
+	if limited > 0.45*free || again < 0.7*free {
+		t.Errorf("a node at 25%% of a CPU generated %.0f tokens/s against %.0f free (%.0f after): want well under half, and back", limited, free, again)
+	}
+}

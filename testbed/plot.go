@@ -21,6 +21,8 @@ type RingSample struct {
 	Size    int       `json:"size"`
 	Running int       `json:"running"` // the node's own requests running and waiting then
 	Waiting int       `json:"waiting"`
+	// Degraded lists the members the node's view marked degraded (gray failures).
+	Degraded []string `json:"degraded,omitempty"`
 }
 
 // Outcome colours, as Jepsen's timelines: what happened to each request at a glance.

@@ -54,7 +54,29 @@ func ShortSuite(seed uint64) []Scenario {
 		{Name: "loss", Nodes: 3, Netns: true, Workload: shortLoad(seed), MaxFailures: 4, MinAffinity: 3, MaxNearTies: 0.35,
 			Doc:    "20% packet loss on one node's traffic to its peers for 3s",
 			Faults: []Fault{{At: time.Second, Kind: "loss", Node: 1, Amount: 20}, {At: 4 * time.Second, Kind: "heal", Node: 1}}},
+		// A node 50ms away is slow: degraded, it hands most of its conversations on, and
+		// takes them back once restored, so affinity is not checked while it may be.
+		{Name: "delay", Nodes: 3, Netns: true, Workload: shortLoad(seed), MaxFailures: 0, NoResumes: true, MaxNearTies: 0.35,
+			Steady: true,
+			Doc:    "50ms ± 10ms on everything one node sends to its peers for 5s: slow, not dead",
+			Faults: []Fault{{At: time.Second, Kind: "delay", Node: 1, Amount: 50}, {At: 6 * time.Second, Kind: "heal"}}},
+		{Name: "slow-link", Nodes: 3, Netns: true, Workload: shortLoad(seed), MaxFailures: 0, NoResumes: true, MinAffinity: 3, MaxNearTies: 0.35,
+			Steady: true,
+			Doc:    "200ms ± 20ms on one link (node2 to node3) for 5s: slow, not dead",
+			Faults: []Fault{{At: time.Second, Kind: "slowlink", Node: 1, Peer: 2, Amount: 200}, {At: 6 * time.Second, Kind: "heal"}}},
+		slowNode(seed),
 	}
+}
+
+// slowNode holds one node to a quarter of a CPU for 10s, after 6s of the same load
+// without the fault: the run's own baseline.
+func slowNode(seed uint64) Scenario {
+	w := shortLoad(seed)
+	w.Duration, w.StreamShare = 24*time.Second, 1 // streamed: every answer times its first token
+	return Scenario{Name: "slow-node", Nodes: 3, Workload: w, MaxFailures: 0, NoResumes: true, MaxNearTies: 0.35, Steady: true,
+		Doc:    "one node at 25% of a CPU for 10s: it answers, slowly; it is marked degraded, keeps a quarter of its conversations, and is restored",
+		Faults: []Fault{{At: 6 * time.Second, Kind: "cpu", Node: 1, Amount: 25}, {At: 16 * time.Second, Kind: "heal"}},
+		Gray:   &Gray{Node: 1, Detect: 6 * time.Second, Restore: 8 * time.Second, TTFTRatio: 1.5}}
 }
 
 // overload is a burst of four times the clients the cluster's sequences can serve at once

@@ -43,7 +43,11 @@ type Config struct {
 	// rest in turn, and gossip's failure detection stands in for checks between turns.
 	// Default 32.
 	ProbePeers int
-	// ProbeTimeout bounds one check. Default 300ms.
+	// ProbeTimeout bounds one check. Default 700ms: a check on a fresh connection takes
+	// two one-way trips out (the SYN, then the request), so a link that delays packets by
+	// 200ms (±20ms jitter) needs about 460ms, and a slow link must not look like a dead
+	// peer (the chaos suite's slow-link scenario). A peer that answers nothing is off the
+	// ring after 3 rounds of up to this long (about 2s); a dead process refuses at once.
 	ProbeTimeout time.Duration
 	// ConnectTimeout bounds dialing a peer (the default transport only). Default 1s.
 	ConnectTimeout time.Duration
@@ -78,9 +82,11 @@ type Config struct {
 	// GrayFactor and GrayFloor make a peer slow in this node's eyes (a gray failure) when
 	// its probes' round trips, or the gaps between the tokens it sends back, average more
 	// than GrayFactor times the other peers' lower median and GrayFloor more, for
-	// GrayEnter probe rounds in a row; it stops being slow after GrayExit rounds under half
-	// that margin. Defaults 3, 20ms, 4 and 6: a LAN peer answers a probe in about a
-	// millisecond, so 20ms more is a peer in trouble, and it takes 2s of it to say so.
+	// GrayEnter probe rounds more than they do not; it stops being slow after GrayExit
+	// such rounds under half that margin. Defaults 3, 10ms, 4 and 6: a LAN peer answers a
+	// probe in about a millisecond, so 10ms more, three times over, is a peer in trouble
+	// (one held to a quarter of a CPU waits 28ms on average), and it takes 2s of it to
+	// say so.
 	GrayFactor float64
 	GrayFloor  time.Duration
 	GrayEnter  int
@@ -111,7 +117,7 @@ func DefaultConfig() Config {
 	return Config{
 		MaxSkew:         30 * time.Second,       // clocks of one cluster agree far better; replays older than this fail
 		ProbeInterval:   500 * time.Millisecond, // 3 failures: a dead peer is off the ring in ~1.5s
-		ProbeTimeout:    300 * time.Millisecond, // a loopback or LAN /readyz answers in well under 10ms
+		ProbeTimeout:    700 * time.Millisecond, // see ProbeTimeout
 		ProbePeers:      32,                     // 64 checks a second a node at any size; every peer checked at least every 15s at 1,000
 		ConnectTimeout:  time.Second,            // a LAN connect takes under a millisecond; a refused one fails at once
 		HeaderTimeout:   10 * time.Second,       // the owner answers within KeepAlive, however long its queue
@@ -125,7 +131,7 @@ func DefaultConfig() Config {
 		KVMargin:        1.25,                   // the estimates are moving averages; an import also stalls the destination briefly
 		Replicas:        1,                      // a crash costs its conversations a transfer, not a prefill
 		GrayFactor:      3,
-		GrayFloor:       20 * time.Millisecond,
+		GrayFloor:       10 * time.Millisecond,
 		GrayEnter:       4,
 		GrayExit:        6,
 		DegradedShare:   0.25,
@@ -165,7 +171,9 @@ func (c Config) Validate() error {
 	p.Positive("progress timeout", c.ProgressTimeout)
 	check(c.KeepAlive < c.HeaderTimeout && c.KeepAlive < c.ProgressTimeout,
 		"keep-alive interval (%v) must be below the header timeout (%v) and the progress timeout (%v)", c.KeepAlive, c.HeaderTimeout, c.ProgressTimeout)
-	check(c.ProbeTimeout < c.ProbeInterval, "probe timeout (%v) must be below the probe interval (%v)", c.ProbeTimeout, c.ProbeInterval)
+	// A round of checks waits for its slowest: a timeout above the interval delays the
+	// next round, so bound it to keep every peer checked at least every two intervals.
+	check(c.ProbeTimeout <= 2*c.ProbeInterval, "probe timeout (%v) must be at most twice the probe interval (%v)", c.ProbeTimeout, c.ProbeInterval)
 	check(c.MaxLine >= 4096, "max line must be at least 4096 bytes, got %d", c.MaxLine)
 	check(c.Candidates >= 1, "candidates must be at least 1, got %d", c.Candidates)
 	check(c.ProbePeers >= 1, "probe peers must be at least 1, got %d", c.ProbePeers)

@@ -17,9 +17,9 @@ import (
 // Each node keeps, for every peer, moving averages of what it observes of it: the round
 // trip of its probes, and the gaps between the tokens of answers forwarded to it. A peer
 // whose average is an outlier against the others' (more than GrayFactor times their lower
-// median, and GrayFloor more) for GrayEnter probe rounds in a row is slow in this node's
-// eyes, and stops being so after GrayExit rounds back under half that margin
-// (hysteresis). Each node gossips the peers it finds slow; a member is degraded when more
+// median, and GrayFloor more) for GrayEnter probe rounds more than it is not is slow in
+// this node's eyes, and stops being so after GrayExit such rounds back under half that
+// margin (hysteresis). Each node gossips the peers it finds slow; a member is degraded when more
 // than half of the members that observe it say so, a verdict every node computes alike
 // from gossip. A degraded node keeps DegradedShare of the conversations it owns on the
 // ring (those whose key hashes below the share); the others go to their next owner while
@@ -50,7 +50,7 @@ func (e *ewma) add(x float64) {
 // peerSpeed is what this node observes of one peer's speed.
 type peerSpeed struct {
 	probe, gap ewma // seconds
-	strikes    int  // rounds in a row as an outlier (while not slow) or not (while slow)
+	strikes    int  // rounds as an outlier (while not slow) or not (while slow), less the others
 	slow       bool // this node's verdict
 }
 
@@ -118,11 +118,13 @@ func (r *Router) judgeSpeeds(live []string) bool {
 			return e.n > 0 && observed >= 2 && e.v > base*(1+margin*(r.cfg.GrayFactor-1)) && e.v > base+margin*floor
 		}
 		out := outlier(p.probe, probeBase, len(probes)) || outlier(p.gap, gapBase, len(gaps))
+		// Strikes leak rather than reset: a starved peer's round trips come and go with
+		// its throttling, and must still add up.
 		switch {
 		case out != p.slow:
 			p.strikes++
-		default:
-			p.strikes = 0
+		case p.strikes > 0:
+			p.strikes--
 		}
 		need := r.cfg.GrayEnter
 		if p.slow {
@@ -226,12 +228,24 @@ func sameKeys(a, b map[string]bool) bool {
 	return len(a) == len(b)
 }
 
-// keeps reports whether a degraded owner keeps the conversation key (see DegradedShare):
-// the same answer on every node.
-func (r *Router) keeps(key string) bool {
+// aside reorders the owners of key, whose first is degraded: the degraded owner keeps the
+// conversation if key falls in its share (see DegradedShare), and otherwise goes last,
+// the conversation going to one of its successors chosen by key, so that its load
+// spreads over them rather than doubling the first's. Every node orders them alike.
+func (r *Router) aside(key string, owners []string) []string {
 	h := fnv.New32a()
 	h.Write([]byte(key))
-	return float64(h.Sum32())/(1<<32) < r.cfg.DegradedShare
+	sum := h.Sum32()
+	if float64(sum)/(1<<32) < r.cfg.DegradedShare {
+		return owners
+	}
+	rest := owners[1:]
+	pick := int(sum>>7) % len(rest)
+	out := make([]string, 0, len(owners))
+	out = append(out, rest[pick])
+	out = append(out, rest[:pick]...)
+	out = append(out, rest[pick+1:]...)
+	return append(out, owners[0])
 }
 
 // speeds is a copy of what this node observes of its peers' speed.

@@ -75,8 +75,10 @@ func TestGrayFailure(t *testing.T) {
 		t.Errorf("no degraded event: %v", recent)
 	}
 
-	// d keeps about DegradedShare of the conversations it owns on the ring.
+	// d keeps about DegradedShare of the conversations it owns on the ring, and the
+	// others spread over its successors.
 	owned, kept := 0, 0
+	took := map[string]int{}
 	for i := range 20000 {
 		key := fmt.Sprint("conv-", i)
 		owners, _ := a.table.Ring().Owners(key, 1)
@@ -85,10 +87,25 @@ func TestGrayFailure(t *testing.T) {
 		}
 		owned++
 		cands := a.candidates("", key)
+		all, _ := a.table.Ring().Owners(key, a.cfg.Candidates)
+		var ids []string
+		for _, c := range cands {
+			ids = append(ids, c.id)
+		}
+		if slices.Sort(ids); !slices.Equal(ids, slices.Sorted(slices.Values(all))) {
+			t.Fatalf("%s: candidates %v are not its owners %v reordered", key, ids, all)
+		}
 		if cands[0].id == "d" {
 			kept++
 		} else if cands[len(cands)-1].id != "d" {
 			t.Fatalf("%s: candidates %v, want d last", key, cands)
+		} else {
+			took[cands[0].id]++
+		}
+	}
+	for id, n := range took {
+		if share := float64(n) / float64(owned-kept); share < 0.4 || share > 0.6 {
+			t.Errorf("%s took %d of the %d conversations d gave up: want about half each, got %v", id, n, owned-kept, took)
 		}
 	}
 	if share := float64(kept) / float64(owned); share < a.cfg.DegradedShare-0.05 || share > a.cfg.DegradedShare+0.05 {

@@ -597,8 +597,8 @@ func (r *Router) candidates(model, key string) []candidate {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if len(ids) > 1 && r.degraded[ids[0]] && !r.keeps(key) {
-		ids = append(ids[1:], ids[0]) // a degraded owner keeps only its share (see gray.go)
+	if len(ids) > 1 && r.degraded[ids[0]] {
+		ids = r.aside(key, ids)
 	}
 	out := make([]candidate, 0, len(ids))
 	for _, id := range ids {

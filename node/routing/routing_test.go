@@ -402,7 +402,7 @@ func TestConfigValidate(t *testing.T) {
 		want string
 	}{
 		{"zero probe interval", func(c *Config) { c.ProbeInterval = 0 }, "probe interval"},
-		{"probe timeout over interval", func(c *Config) { c.ProbeTimeout = time.Second }, "probe timeout"},
+		{"probe timeout over twice the interval", func(c *Config) { c.ProbeTimeout = 2*c.ProbeInterval + 1 }, "probe timeout"},
 		{"no secret", func(c *Config) { c.Secret = nil }, "cluster secret is required"},
 		{"short secret", func(c *Config) { c.Secret = []byte("short") }, "at least 16 bytes"},
 		{"negative header timeout", func(c *Config) { c.HeaderTimeout = -1 }, "header timeout"},
