@@ -76,7 +76,7 @@ func slowNode(seed uint64) Scenario {
 	return Scenario{Name: "slow-node", Nodes: 3, Workload: w, MaxFailures: 0, NoResumes: true, MaxNearTies: 0.35, Steady: true,
 		Doc:    "one node at 25% of a CPU for 10s: it answers, slowly; it is marked degraded, keeps a quarter of its conversations, and is restored",
 		Faults: []Fault{{At: 6 * time.Second, Kind: "cpu", Node: 1, Amount: 25}, {At: 16 * time.Second, Kind: "heal"}},
-		Gray:   &Gray{Node: 1, Detect: 6 * time.Second, Restore: 8 * time.Second, TTFTRatio: 1.5}}
+		Gray:   &Gray{Node: 1, Detect: 8 * time.Second, Restore: 8 * time.Second, TTFTRatio: 1.5}}
 }
 
 // overload is a burst of four times the clients the cluster's sequences can serve at once
