@@ -319,14 +319,7 @@ func (g *Gossip) Run(ctx context.Context) error {
 		now := time.Now()
 		var targets []string
 		if !now.Before(joinAt) {
-			seeds, alone := g.seeds(ctx)
-			if alone && !g.Joined() {
-				g.log.Info("the seeds resolve to this node alone: starting the cluster", "seeds", g.cfg.Join)
-				g.mu.Lock()
-				g.joined = true
-				g.mu.Unlock()
-			}
-			targets = g.joinTargets(seeds, ml.NumMembers())
+			targets = g.joinTargets(ctx, ml.NumMembers())
 			joinAt = now.Add(g.cfg.RejoinInterval) // unless a join below says otherwise
 		}
 		if len(targets) > 0 {
@@ -415,22 +408,31 @@ func (g *Gossip) seeds(ctx context.Context) (addrs []string, alone bool) {
 // joinTargets are the addresses to join now, given the members memberlist counts: up to
 // joinFanout seeds in random order until this node has joined; after that, only when it
 // sees a member dead or none at all, one seed and up to two dead members' addresses
-// (either may be on the far side of a healed partition).
-func (g *Gossip) joinTargets(seeds []string, members int) []string {
-	rand.Shuffle(len(seeds), func(i, j int) { seeds[i], seeds[j] = seeds[j], seeds[i] })
+// (either may be on the far side of a healed partition). The seeds are resolved only when
+// a join is due (a DNS name may be slow to answer).
+func (g *Gossip) joinTargets(ctx context.Context, members int) []string {
 	g.mu.Lock()
-	defer g.mu.Unlock()
-	if !g.joined {
-		return seeds[:min(joinFanout, len(seeds))]
-	}
+	joined := g.joined
 	var dead []string
 	for _, m := range g.members {
 		if m.State == Dead {
 			dead = append(dead, m.Addr)
 		}
 	}
-	if len(dead) == 0 && members > 1 {
-		return nil
+	g.mu.Unlock()
+	if joined && len(dead) == 0 && members > 1 {
+		return nil // nothing to find: the seeds are not even looked up
+	}
+	seeds, alone := g.seeds(ctx)
+	if alone && !joined {
+		g.log.Info("the seeds resolve to this node alone: starting the cluster", "seeds", g.cfg.Join)
+		g.mu.Lock()
+		g.joined = true
+		g.mu.Unlock()
+	}
+	rand.Shuffle(len(seeds), func(i, j int) { seeds[i], seeds[j] = seeds[j], seeds[i] })
+	if !joined {
+		return seeds[:min(joinFanout, len(seeds))]
 	}
 	rand.Shuffle(len(dead), func(i, j int) { dead[i], dead[j] = dead[j], dead[i] })
 	return append(seeds[:min(1, len(seeds))], dead[:min(joinFanout-1, len(dead))]...)
