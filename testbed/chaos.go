@@ -64,8 +64,12 @@ func detectBound(f Fault) time.Duration {
 		return f.Detect
 	}
 	switch f.Kind {
-	case "kill", "pause", "isolate":
-		return 3 * time.Second // 3 failed probes 500ms apart, or gossip's suspicion: ~1.5-2s
+	case "kill":
+		return 3 * time.Second // refused at once: 3 failed probes 500ms apart, or gossip's suspicion
+	case "pause", "isolate":
+		// Silent: 3 probe rounds of up to the 600ms probe timeout (a 200ms link must not
+		// look dead), or gossip's suspicion: 2-3s measured.
+		return 3500 * time.Millisecond
 	case "leave":
 		return 2 * time.Second // announced in gossip: one or two gossip rounds
 	default:

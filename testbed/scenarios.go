@@ -46,11 +46,11 @@ func ShortSuite(seed uint64) []Scenario {
 			Faults: []Fault{{At: 800 * time.Millisecond, Kind: "leave", Node: 1}, {At: 3500 * time.Millisecond, Kind: "join"}}},
 		overload(seed),
 		{Name: "partition-heal", Nodes: 3, Netns: true, Workload: shortLoad(seed), MaxFailures: 8, MinResumes: 1, MinAffinity: 3, MaxNearTies: 0.35,
-			Doc: "cut the owner of streams in flight off from the others (namespaces, nftables), heal after 3s",
+			Doc: "cut the owner of streams in flight off from the others (namespaces, nftables), heal after 4s",
 			Faults: []Fault{{At: 1500 * time.Millisecond, Kind: "isolate", Node: Busiest},
 				// The isolated node may have been declared dead: it is back after its next re-join
 				// of the seeds (every 5s).
-				{At: 4500 * time.Millisecond, Kind: "heal", Node: Busiest, Detect: 10 * time.Second}}},
+				{At: 5500 * time.Millisecond, Kind: "heal", Node: Busiest, Detect: 10 * time.Second}}},
 		{Name: "loss", Nodes: 3, Netns: true, Workload: shortLoad(seed), MaxFailures: 4, MinAffinity: 3, MaxNearTies: 0.35,
 			Doc:    "20% packet loss on one node's traffic to its peers for 3s",
 			Faults: []Fault{{At: time.Second, Kind: "loss", Node: 1, Amount: 20}, {At: 4 * time.Second, Kind: "heal", Node: 1}}},

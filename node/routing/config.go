@@ -43,11 +43,12 @@ type Config struct {
 	// rest in turn, and gossip's failure detection stands in for checks between turns.
 	// Default 32.
 	ProbePeers int
-	// ProbeTimeout bounds one check. Default 700ms: a check on a fresh connection takes
+	// ProbeTimeout bounds one check. Default 600ms: a check on a fresh connection takes
 	// two one-way trips out (the SYN, then the request), so a link that delays packets by
-	// 200ms (±20ms jitter) needs about 460ms, and a slow link must not look like a dead
-	// peer (the chaos suite's slow-link scenario). A peer that answers nothing is off the
-	// ring after 3 rounds of up to this long (about 2s); a dead process refuses at once.
+	// 200ms (±20ms jitter) needs about 400-460ms, and a slow link must not look like a dead
+	// peer (the chaos suite's slow-link scenario failed at 300ms). The price: a peer that
+	// answers nothing (paused, cut off) is off the ring after 3 rounds of up to this long,
+	// about 2-2.5s instead of 1.5-2s; a dead process refuses at once.
 	ProbeTimeout time.Duration
 	// ConnectTimeout bounds dialing a peer (the default transport only). Default 1s.
 	ConnectTimeout time.Duration
@@ -117,7 +118,7 @@ func DefaultConfig() Config {
 	return Config{
 		MaxSkew:         30 * time.Second,       // clocks of one cluster agree far better; replays older than this fail
 		ProbeInterval:   500 * time.Millisecond, // 3 failures: a dead peer is off the ring in ~1.5s
-		ProbeTimeout:    700 * time.Millisecond, // see ProbeTimeout
+		ProbeTimeout:    600 * time.Millisecond, // see ProbeTimeout
 		ProbePeers:      32,                     // 64 checks a second a node at any size; every peer checked at least every 15s at 1,000
 		ConnectTimeout:  time.Second,            // a LAN connect takes under a millisecond; a refused one fails at once
 		HeaderTimeout:   10 * time.Second,       // the owner answers within KeepAlive, however long its queue
