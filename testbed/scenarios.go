@@ -99,7 +99,7 @@ func overload(seed uint64) Scenario {
 }
 
 // LongSuite is make chaos: 5 nodes in namespaces, every fault type, overlapping, with
-// room for each detection.
+// room for each detection; then a slow link among 5 nodes, and a slow node.
 func LongSuite(seed uint64) []Scenario {
 	at := func(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 	load := Workload{Conversations: 2000, Turns: 2, Concurrency: 8, Duration: 60 * time.Second, MaxTokens: 200,
@@ -128,5 +128,11 @@ func LongSuite(seed uint64) []Scenario {
 				{At: at(57), Kind: "kill", Node: Busiest},
 				{At: at(61), Kind: "restart", Node: Busiest},
 			}},
+		// Gray failures, each on its own: a slow node's detection and restoration are
+		// measured against a quiet cluster.
+		{Name: "slow-link", Nodes: 5, Netns: true, Workload: shortLoad(seed), NoResumes: true, MaxNearTies: 0.35, Steady: true,
+			Doc:    "200ms ± 20ms on one link (node2 to node3) for 5s: slow, not dead",
+			Faults: []Fault{{At: time.Second, Kind: "slowlink", Node: 1, Peer: 2, Amount: 200}, {At: 6 * time.Second, Kind: "heal"}}},
+		slowNode(seed),
 	}
 }
