@@ -49,9 +49,10 @@ func (e *ewma) add(x float64) {
 
 // peerSpeed is what this node observes of one peer's speed.
 type peerSpeed struct {
-	probe, gap ewma // seconds
-	strikes    int  // rounds as an outlier (while not slow) or not (while slow), less the others
-	slow       bool // this node's verdict
+	probe, gap ewma      // seconds
+	gapAt      time.Time // the last gap observed
+	strikes    int       // rounds as an outlier (while not slow) or not (while slow), less the others
+	slow       bool      // this node's verdict
 }
 
 // grayState is the detector's state; guarded by mu.
@@ -83,8 +84,14 @@ func (r *Router) observeProbe(peer string, rtt time.Duration) {
 func (r *Router) observeGap(peer string, gap time.Duration) {
 	r.gray.mu.Lock()
 	defer r.gray.mu.Unlock()
-	r.gray.get(peer).gap.add(gap.Seconds())
+	p := r.gray.get(peer)
+	p.gap.add(gap.Seconds())
+	p.gapAt = r.clock.Now()
 }
+
+// gapStale is how long a peer's token gaps count after the last answer forwarded to it:
+// one nothing is forwarded to any more is judged by its probes alone.
+const gapStale = 10 * time.Second
 
 // judgeSpeeds compares the peers' speeds after a probe round (live lists the peers that
 // count) and reports whether this node's verdict on any of them changed.
@@ -97,7 +104,11 @@ func (r *Router) judgeSpeeds(live []string) bool {
 		}
 	}
 	var probes, gaps []float64
+	now := r.clock.Now()
 	for _, p := range r.gray.peers {
+		if p.gap.n > 0 && now.Sub(p.gapAt) > gapStale {
+			p.gap = ewma{}
+		}
 		if p.probe.n > 0 {
 			probes = append(probes, p.probe.v)
 		}

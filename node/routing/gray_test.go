@@ -130,3 +130,39 @@ func TestGrayFailure(t *testing.T) {
 	}
 	t.Logf("restored after %d rounds", rounds)
 }
+
+// The gaps between tokens forwarded to a peer count too, while answers go there: a peer
+// whose tokens come slowly is slow, and once nothing is forwarded to it for gapStale, its
+// probes alone judge it.
+func TestGrayGaps(t *testing.T) {
+	c := newCluster(t, "b", "c", "d")
+	a := c.entry
+	round := func(gapD time.Duration) {
+		for _, id := range []string{"b", "c"} {
+			a.observeGap(id, 2*time.Millisecond)
+		}
+		if gapD > 0 {
+			a.observeGap("d", gapD)
+		}
+		c.probeRound(map[string]time.Duration{"b": time.Millisecond, "c": time.Millisecond, "d": time.Millisecond})
+	}
+	for range a.cfg.GrayEnter + 2 {
+		round(40 * time.Millisecond)
+	}
+	if !slices.Contains(a.slowPeers(), "d") {
+		t.Fatal("a peer whose tokens come 20x slower is not slow")
+	}
+	for range a.cfg.GrayExit + 2 {
+		round(0) // nothing forwarded to d: its last gaps still count
+	}
+	if !slices.Contains(a.slowPeers(), "d") {
+		t.Fatal("d's gaps stopped counting before they went stale")
+	}
+	c.clock.Advance(gapStale + time.Second)
+	for range a.cfg.GrayExit + 2 {
+		round(0)
+	}
+	if slices.Contains(a.slowPeers(), "d") {
+		t.Fatal("d is still slow on gaps that went stale, with probes as fast as the others'")
+	}
+}
