@@ -91,7 +91,7 @@ func (r *Router) observeGap(peer string, gap time.Duration) {
 
 // gapStale is how long a peer's token gaps count after the last answer forwarded to it:
 // one nothing is forwarded to any more is judged by its probes alone.
-const gapStale = 10 * time.Second
+const gapStale = 5 * time.Second
 
 // judgeSpeeds compares the peers' speeds after a probe round (live lists the peers that
 // count) and reports whether this node's verdict on any of them changed.
