@@ -71,6 +71,10 @@ func (s *Server) handleInternal(ctx *fasthttp.RequestCtx) {
 		writeError(ctx, err)
 		return
 	}
+	if hop.Model != s.cfg.ModelName {
+		writeError(ctx, s.unknownModel(hop.Model))
+		return
+	}
 	c := &completion{internal: true, endpoint: routing.Path, stream: true, start: time.Now(), model: s.cfg.ModelName, req: hop.Engine()}
 	if c.req.Prompt == "" && len(c.req.Messages) > 0 {
 		// A chat from a node that does not serve this model: formatted here, and the
@@ -80,10 +84,6 @@ func (s *Server) handleInternal(ctx *fasthttp.RequestCtx) {
 			return
 		}
 		c.formatted, c.req.Messages = c.req.Prompt, nil
-	}
-	if hop.Model != s.cfg.ModelName {
-		writeError(ctx, s.unknownModel(hop.Model))
-		return
 	}
 	if err := s.check(c.req); err != nil {
 		writeError(ctx, err)

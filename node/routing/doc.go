@@ -1,8 +1,9 @@
 // Package routing is everything about peers on a request's path: which node owns a
-// conversation (the ring over the peers that are alive in gossip, ready, compatible and
-// healthy by this node's own checks), forwarding a request there over the hop, spilling
-// over to the next owner when one is busy, failing over when one is unreachable, resuming
-// a stream on the next owner when its owner dies mid-answer, and both ends of the hop
+// conversation (a ring for each model, over the peers that serve it and are alive in
+// gossip, ready, compatible and healthy by this node's own checks), forwarding a request
+// there over the hop, spilling over to the next owner when one is busy, failing over when
+// one is unreachable, resuming a stream on the next owner when its owner dies mid-answer,
+// finding peers that answer but slowly (gray failures, gray.go), and both ends of the hop
 // protocol: its versioned wire types, signing and verification.
 //
 // Busy is not dead: only transport failures (refused, reset, no answer in time) count
