@@ -689,9 +689,30 @@ func (c *Cluster) checkWarm(rep *Report) {
 			leavesWarm, leaves, joinsWarm, joins, crashesWarm, crashes, firstN(cold, 5))})
 }
 
-// degradedLag bounds how long after a slow node recovered it may still be degraded (see
-// node/routing/gray.go: its average decays, then GrayExit rounds).
-const degradedLag = 10 * time.Second
+// degradedFlips are spans around each moment a node's view of the cluster marked a
+// member degraded or restored it (see node/routing/gray.go): conversations may move then,
+// their KV handed over within a second or two.
+func degradedFlips(samples []RingSample) [][2]time.Time {
+	type pair struct{ node, member string }
+	marked := map[pair]bool{}
+	var out [][2]time.Time
+	flip := func(at time.Time) { out = append(out, [2]time.Time{at.Add(-time.Second), at.Add(2 * time.Second)}) }
+	for _, rs := range samples { // in time order for each node
+		for _, id := range rs.Degraded {
+			if p := (pair{rs.Node, id}); !marked[p] {
+				marked[p] = true
+				flip(rs.Time)
+			}
+		}
+		for p := range marked {
+			if p.node == rs.Node && !slices.Contains(rs.Degraded, p.member) {
+				delete(marked, p)
+				flip(rs.Time)
+			}
+		}
+	}
+	return out
+}
 
 // checkAffinity: a conversation whose turns all ran while the rings were converged (no
 // fault or healing in progress, so every ring was the same) and whose owner was untouched
@@ -712,15 +733,14 @@ func (c *Cluster) checkAffinity(rep *Report, s Scenario) {
 	}
 	for _, w := range rep.Windows {
 		switch w.Kind {
-		case "loss", "bandwidth", "oneway", "halves", "slowlink":
+		case "loss", "bandwidth", "delay", "oneway", "halves", "slowlink", "cpu":
 			unsettled = append(unsettled, [2]time.Time{w.From, w.To}) // rings may flap throughout
-		case "delay", "cpu":
-			// A slow node may be degraded: it hands most of its conversations to their
-			// next owners, and takes them back once restored, some seconds after it
-			// recovered.
-			unsettled = append(unsettled, [2]time.Time{w.From, w.To.Add(degradedLag)})
 		}
 	}
+	// A node found slow (loss and delay make one so too) is degraded: it hands most of
+	// its conversations to their next owners, and takes them back once restored, some
+	// seconds after it recovered. Conversations move at those two moments.
+	unsettled = append(unsettled, degradedFlips(rep.Rings)...)
 	settled := func(from, to time.Time) bool {
 		for _, u := range unsettled {
 			if from.Before(u[1]) && to.After(u[0]) {

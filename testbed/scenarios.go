@@ -13,6 +13,12 @@ func shortLoad(seed uint64) Workload {
 		StreamShare: 0.8, Timeout: 30 * time.Second, Seed: seed}
 }
 
+// longer is w run for d.
+func longer(w Workload, d time.Duration) Workload {
+	w.Duration = d
+	return w
+}
+
 // planned is shortLoad with six short turns a conversation, so that conversations
 // straddle a leave or a join and their next turn shows whether their cache moved.
 func planned(seed uint64) Workload {
@@ -45,7 +51,7 @@ func ShortSuite(seed uint64) []Scenario {
 			// The leave lands while the first conversations are mid-way (they end at about 1.5s).
 			Faults: []Fault{{At: 800 * time.Millisecond, Kind: "leave", Node: 1}, {At: 3500 * time.Millisecond, Kind: "join"}}},
 		overload(seed),
-		{Name: "partition-heal", Nodes: 3, Netns: true, Workload: shortLoad(seed), MaxFailures: 8, MinResumes: 1, MinAffinity: 3, MaxNearTies: 0.35,
+		{Name: "partition-heal", Nodes: 3, Netns: true, Workload: longer(shortLoad(seed), 11*time.Second), MaxFailures: 8, MinResumes: 1, MinAffinity: 3, MaxNearTies: 0.35,
 			Doc: "cut the owner of streams in flight off from the others (namespaces, nftables), heal after 4s",
 			Faults: []Fault{{At: 1500 * time.Millisecond, Kind: "isolate", Node: Busiest},
 				// The isolated node may have been declared dead: it is back after its next re-join
@@ -55,7 +61,7 @@ func ShortSuite(seed uint64) []Scenario {
 			Doc:    "20% packet loss on one node's traffic to its peers for 3s",
 			Faults: []Fault{{At: time.Second, Kind: "loss", Node: 1, Amount: 20}, {At: 4 * time.Second, Kind: "heal", Node: 1}}},
 		// A node 50ms away is slow: degraded, it hands most of its conversations on, and
-		// takes them back once restored, so affinity is not checked while it may be.
+		// takes them back once restored; affinity is checked outside those moments.
 		{Name: "delay", Nodes: 3, Netns: true, Workload: shortLoad(seed), MaxFailures: 0, NoResumes: true, MaxNearTies: 0.35,
 			Steady: true,
 			Doc:    "50ms ± 10ms on everything one node sends to its peers for 5s: slow, not dead",
