@@ -112,7 +112,7 @@ func (c *Cluster) checkGray(rep *Report, s Scenario) {
 	}
 	gr.BaselineN, gr.SlowN = len(before), len(during)
 	gr.BaselineP99, gr.SlowP99 = measure.Percentile(before, 99), measure.Percentile(during, 99)
-	ok := len(before) >= 10 && len(during) >= 10 && float64(gr.SlowP99) <= g.TTFTRatio*float64(gr.BaselineP99)
+	ok := len(before) >= minTTFTAnswers && len(during) >= minTTFTAnswers && float64(gr.SlowP99) <= g.TTFTRatio*float64(gr.BaselineP99)
 	if g.TTFTRatio == 0 {
 		return
 	}
@@ -121,6 +121,10 @@ func (c *Cluster) checkGray(rep *Report, s Scenario) {
 			gr.BaselineP99.Round(time.Millisecond), len(before), gr.SlowP99.Round(time.Millisecond), len(during), slow,
 			slow, gr.SlowServed[0], gr.SlowServed[1], gr.HealthyN[0], gr.HealthyN[1])})
 }
+
+// minTTFTAnswers is the fewest answers a phase needs for its TTFT p99 to count: while the
+// slow node is not yet degraded, clients wait on it and send little elsewhere.
+const minTTFTAnswers = 5
 
 // checkSteady: a slow network is not a broken one: no ring lost a member at any time.
 func checkSteady(rep *Report, nodes int) {
