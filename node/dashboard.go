@@ -1,7 +1,6 @@
 package node
 
 import (
-	"bufio"
 	_ "embed"
 	"time"
 
@@ -38,20 +37,14 @@ func (s *Server) handleEvents(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	recent, next, stop := s.router.Happenings()
-	ctx.SetStatusCode(fasthttp.StatusOK)
-	ctx.SetContentType("text/event-stream")
-	ctx.Response.Header.Set("Cache-Control", "no-cache")
-	conn := ctx.Conn()
-	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
-		defer stop()
-		sse := &sseWriter{w: w, conn: conn, timeout: s.cfg.WriteTimeout, sse: true}
+	s.streamBody(ctx, "text/event-stream", true, func(error) {}, stop, func(sse *sseWriter) error {
 		for _, e := range recent {
-			if sse.event(e) != nil {
-				return
+			if err := sse.event(e); err != nil {
+				return err
 			}
 		}
-		if sse.comment("live") != nil {
-			return
+		if err := sse.comment("live"); err != nil {
+			return err
 		}
 		tick := time.NewTicker(feedKeepAlive)
 		defer tick.Stop()
@@ -63,12 +56,12 @@ func (s *Server) handleEvents(ctx *fasthttp.RequestCtx) {
 			case <-tick.C:
 				err = sse.comment("keep-alive")
 			case <-s.stopFeeds:
-				return
+				return nil
 			case <-s.base.Done():
-				return
+				return nil
 			}
 			if err != nil {
-				return
+				return err
 			}
 		}
 	})

@@ -82,6 +82,13 @@ type decodeRate struct {
 
 const rateEvery = 2 * time.Second
 
+// current is the rate as of the last update.
+func (d *decodeRate) current() float64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.rate
+}
+
 // update takes the engine's count of generated tokens at now and returns the rate.
 func (d *decodeRate) update(now time.Time, generated uint64) float64 {
 	d.mu.Lock()

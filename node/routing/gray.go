@@ -6,8 +6,6 @@ import (
 	"slices"
 	"sync"
 	"time"
-
-	"github.com/infernode/infernode/gossip"
 )
 
 // Gray failures: a peer that answers its checks, so it stays healthy on every ring, but
@@ -186,7 +184,7 @@ func (r *Router) degradedSet(mine []string) map[string]bool {
 	}
 	live := 1 // this node
 	for _, m := range r.members {
-		if m.State != gossip.Alive || m.Meta.Leaving {
+		if !serving(m) {
 			continue
 		}
 		live++

@@ -243,6 +243,10 @@ func (r *Router) Publish() {
 	}
 }
 
+// serving reports whether a member is alive in gossip and not leaving: one that may serve
+// and be checked.
+func serving(m gossip.Member) bool { return m.State == gossip.Alive && !m.Meta.Leaving }
+
 // incompatible says why a peer cannot share this node's ring, or "" when it can: it
 // serves another model (it is on that model's ring), or speaks no hop this node does (it
 // is on no ring).
@@ -354,7 +358,7 @@ func (r *Router) record(members []gossip.Member) {
 	for id, m := range byID {
 		old, had := r.members[id]
 		switch {
-		case m.State == gossip.Alive && !m.Meta.Leaving && (!had || old.State != gossip.Alive):
+		case serving(m) && (!had || old.State != gossip.Alive):
 			r.happened("join", id, m.Meta.Model)
 		case !had || old.State != gossip.Alive || old.Meta.Leaving:
 		case m.State == gossip.Dead:
@@ -364,7 +368,7 @@ func (r *Router) record(members []gossip.Member) {
 		}
 	}
 	for id, m := range byID {
-		if m.State != gossip.Alive || m.Meta.Leaving {
+		if !serving(m) {
 			r.table.Forget(id)
 		} else {
 			r.table.SetFacts(id, ring.Facts{Alive: true, Ready: m.Meta.Ready, Compatible: m.Meta.Speaks(Major), Model: r.ringOf(m.Meta)})
@@ -470,16 +474,15 @@ func (r *Router) ProbeAll(ctx context.Context) {
 	r.mu.Lock()
 	var live []string
 	for id, m := range r.members {
-		if m.State == gossip.Alive && !m.Meta.Leaving {
+		if serving(m) {
 			live = append(live, id)
 		}
 	}
 	r.mu.Unlock()
-	if r.judgeSpeeds(live) {
+	if r.judgeSpeeds(live) { // gossiped by the next Publish
 		r.mu.Lock()
 		r.updateDegraded()
 		r.mu.Unlock()
-		r.Publish()
 	}
 }
 
@@ -496,7 +499,7 @@ func (r *Router) probeTargets() map[string]string {
 	live := map[string]string{}
 	var ids []string
 	for id, m := range r.members {
-		if m.State == gossip.Alive && !m.Meta.Leaving {
+		if serving(m) {
 			live[id] = m.Meta.HTTPAddr
 			ids = append(ids, id)
 		}
@@ -646,7 +649,7 @@ func (r *Router) Models() []ModelInfo {
 			m.Nodes = 1
 		}
 		for _, p := range r.members {
-			if p.State == gossip.Alive && !p.Meta.Leaving && p.Meta.Speaks(Major) && r.ringOf(p.Meta) == key {
+			if serving(p) && p.Meta.Speaks(Major) && r.ringOf(p.Meta) == key {
 				m.Nodes++
 			}
 		}
@@ -724,7 +727,7 @@ func (r *Router) View(points int) View {
 		ID: r.cfg.Self, HTTPAddr: r.cfg.HTTPAddr, GossipAddr: selfAddr, State: "alive", Healthy: true, Ready: ready,
 		Compatible: true, Model: r.cfg.Model, Fingerprint: r.cfg.Fingerprint, Hop: Versions, OnRing: own > 0, RingShare: own,
 		Load:       map[string]int{"running": st.Running, "waiting": st.Waiting, "free_kv": st.KVCells - st.KVUsed},
-		TokensPerS: int(r.rate.update(r.clock.Now(), st.Generated)),
+		TokensPerS: int(r.rate.current()),
 	})
 	v.Members[0].Degraded = r.degraded[r.cfg.Self]
 	peers := map[string]ring.Peer{}
