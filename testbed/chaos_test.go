@@ -102,20 +102,23 @@ func TestTieAt(t *testing.T) {
 		tok(". Then", -0.5, ". Then", -0.5, ". As", -2.5),
 	}}
 	for _, c := range []struct {
-		text string
-		tie  bool
+		text  string
+		bound float64
+		tie   bool
 	}{
-		{"Miabbelive. As", true},  // the other half of the exact tie
-		{"Miabbelick", true},      // 0.18 below the choice
-		{"Miabbelied. As", false}, // 2.0 below the choice
-		{"Miabbelixx", false},     // never an alternative
-		{"Tom", false},            // at byte 0, not an alternative either
+		{"Miabbelive. As", nearTie, true},  // the other half of the exact tie
+		{"Miabbelick", nearTie, true},      // 0.18 below the choice
+		{"Miabbelied. As", nearTie, false}, // 2.0 below the choice
+		{"Miabbelixx", nearTie, false},     // never an alternative
+		{"Tom", nearTie, false},            // at byte 0, not an alternative either
+		{"Miabbelive. As", seamTie, true},  // an exact tie just after a seam
+		{"Miabbelick", seamTie, false},     // 0.18 is too far there
 	} {
 		d := 0
 		for d < min(len(c.text), len(ref.text)) && c.text[d] == ref.text[d] {
 			d++
 		}
-		gap, proof := ref.tieAt(c.text, d)
+		gap, proof := ref.tieAt(c.text, d, c.bound)
 		if (proof == "") != c.tie {
 			t.Errorf("%q (differs at %d): near-tie %v (gap %.3g, %s), want %v", c.text, d, proof == "", gap, proof, c.tie)
 		}
