@@ -6,6 +6,9 @@ MODEL   ?= models/infernode-tiny.gguf
 BENCH_MODEL ?= models/smollm2-135m-shape.gguf
 NODES   ?= 3
 BIN     := bin
+comma   := ,
+empty   :=
+space   := $(empty) $(empty)
 
 # llama.cpp is compiled by cgo through github.com/ollama/ollama/llama. Its module zip lacks
 # three vendored headers: nlohmann/json and stb come from Debian, miniaudio.h from the
@@ -42,7 +45,7 @@ APT_PACKAGES := nlohmann-json3-dev libstb-dev nftables iproute2 iptables
 TEST_APT_PACKAGES := chromium
 MALGO        := github.com/gen2brain/malgo@v0.11.24
 
-.PHONY: all deps test-deps flags build bench-portable model bench-model test race lint tidy-check bench bench-http bench-cluster bench-compare run chaos chaos-cleanup clean
+.PHONY: all deps test-deps flags build bench-portable bench-quant model bench-model test race lint tidy-check bench bench-http bench-cluster bench-compare run chaos chaos-cleanup clean
 
 all: build
 
@@ -115,6 +118,16 @@ BENCHTIME ?= 1x
 COUNT     ?= 1
 bench: deps bench-model
 	INFERNODE_BENCH_MODEL=$(CURDIR)/$(BENCH_MODEL) $(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -count $(COUNT) -timeout 60m ./session/
+
+# bench-quant: weight types (the realistic shape in F16, then as `infernode quantize` writes
+# it in Q8_0, Q4_K_M and Q4_0) and KV cache types (f16, q8_0, q4_0 at 8,192 cells) side by
+# side: decode, prefill, size and resident memory (session's BenchmarkQuant).
+QUANT_TYPES  ?= q8_0 q4_k_m q4_0
+QUANT_MODELS := $(BENCH_MODEL) $(foreach t,$(QUANT_TYPES),$(BENCH_MODEL:.gguf=-$(t).gguf))
+$(BENCH_MODEL:.gguf=-%.gguf): $(BENCH_MODEL) | build
+	$(BIN)/infernode quantize --type $* $< $@
+bench-quant: deps $(QUANT_MODELS)
+	INFERNODE_QUANT_MODELS=$(subst $(space),$(comma),$(abspath $(QUANT_MODELS))) $(GO) test -run '^$$' -bench Quant -benchtime $(BENCHTIME) -count $(COUNT) -timeout 60m ./session/
 
 # bench-portable: decode with the native build against the portable one (PORTABLE=1),
 # alternating the two test binaries, two rounds. The first run compiles llama.cpp twice.

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -47,30 +48,9 @@ func BenchmarkDecode(b *testing.B) {
 		for _, n := range []int{1, 2, 4, 8} {
 			b.Run(fmt.Sprintf("unified=%v/seqs=%d", unified, n), func(b *testing.B) {
 				e := benchEngine(b, func(c *Config) { c.UnifiedKV = unified })
-				const gen = 64
 				var tokens, seconds float64
 				for b.Loop() {
-					events := make([][]time.Time, n)
-					var wg sync.WaitGroup
-					for i := range n {
-						wg.Go(func() {
-							s, err := e.Submit(context.Background(), Request{
-								Prompt: fmt.Sprintf("story %d of the river", i), MaxTokens: gen,
-								Sampling: Sampling{Temperature: 0.8, TopP: 1, Seed: int64(i)}})
-							if err != nil {
-								b.Error(err)
-								return
-							}
-							for {
-								if _, err := s.Recv(); err != nil {
-									break
-								}
-								events[i] = append(events[i], time.Now())
-							}
-						})
-					}
-					wg.Wait()
-					t, s := measure.SteadyRate(events)
+					t, s := decodeSteady(b, e, n, 64, "")
 					tokens += t
 					seconds += s
 				}
@@ -220,4 +200,107 @@ func BenchmarkImportStall(b *testing.B) {
 	b.ReportMetric(float64(tokens), "tokens")
 	b.ReportMetric(float64(frameBytes)/1e6, "frame-MB")
 	b.ReportMetric(0, "ns/op")
+}
+
+// BenchmarkQuant measures the weight and KV cache types side by side on one machine: for
+// every model in INFERNODE_QUANT_MODELS (paths separated by commas; make bench-quant gives
+// the realistic shape in F16, Q8_0, Q4_K_M and Q4_0) with an f16 cache, then for the first
+// with q8_0 and q4_0 caches, all at the default 8,192 cells: decode tokens/s with 1 and 8
+// streams (as BenchmarkDecode) and with 8 streams of about 900 tokens each (the cache
+// nearly full), prefill tokens/s of one 1,000-token prompt, the model file's size and the
+// memory the engine made resident (model, KV cache and compute buffers: the process's RSS
+// from before the load to after the runs).
+func BenchmarkQuant(b *testing.B) {
+	paths := strings.Split(os.Getenv("INFERNODE_QUANT_MODELS"), ",")
+	if paths[0] == "" {
+		b.Skip("INFERNODE_QUANT_MODELS not set; run through make bench-quant")
+	}
+	type run struct{ path, kv string }
+	var runs []run
+	for _, p := range paths {
+		runs = append(runs, run{p, "f16"})
+	}
+	runs = append(runs, run{paths[0], "q8_0"}, run{paths[0], "q4_0"})
+	for _, r := range runs {
+		name := strings.TrimSuffix(filepath.Base(r.path), ".gguf")
+		b.Run(fmt.Sprintf("weights=%s/kv=%s", name, r.kv), func(b *testing.B) {
+			info, err := os.Stat(r.path)
+			if err != nil {
+				b.Fatal(err)
+			}
+			before := rss(b)
+			cfg := DefaultConfig()
+			cfg.ModelPath, cfg.KVType, cfg.Seed = r.path, r.kv, 1
+			cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+			e := runEngine(b, cfg)
+			long := strings.Repeat("the river ran past the old mill and the children ", 100)
+			for b.Loop() {
+				for _, n := range []int{1, 8} {
+					tokens, seconds := decodeSteady(b, e, n, 64, "")
+					b.ReportMetric(tokens/seconds, fmt.Sprintf("tok/s-%d", n))
+				}
+				// Eight conversations of about 900 tokens each: the cache nearly full.
+				tokens, seconds := decodeSteady(b, e, 8, 64, strings.Repeat(" and the children", 300))
+				b.ReportMetric(tokens/seconds, "tok/s-8-full")
+				start := time.Now()
+				s, err := e.Submit(context.Background(), Request{Prompt: long, MaxTokens: 1, Sampling: Sampling{TopP: 1}})
+				if err != nil {
+					b.Fatal(err)
+				}
+				for err == nil {
+					_, err = s.Recv()
+				}
+				res := s.Result()
+				b.ReportMetric(float64(res.PromptTokens)/time.Since(start).Seconds(), "prefill-tok/s")
+			}
+			b.ReportMetric(float64(info.Size())/1e6, "file-MB")
+			b.ReportMetric(float64(rss(b)-before)/1e6, "rss-MB")
+			b.ReportMetric(0, "ns/op")
+		})
+	}
+}
+
+// decodeSteady has n requests generate gen tokens each at once and returns the tokens and
+// seconds of the steady window (measure.SteadyRate).
+func decodeSteady(b *testing.B, e *Engine, n, gen int, history string) (tokens, seconds float64) {
+	events := make([][]time.Time, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			s, err := e.Submit(context.Background(), Request{
+				Prompt: fmt.Sprintf("story %d of the river", i) + history, MaxTokens: gen,
+				Sampling: Sampling{Temperature: 0.8, TopP: 1, Seed: int64(i)}})
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			for {
+				if _, err := s.Recv(); err != nil {
+					break
+				}
+				events[i] = append(events[i], time.Now())
+			}
+		})
+	}
+	wg.Wait()
+	return measure.SteadyRate(events)
+}
+
+// rss is the process's resident memory in bytes.
+func rss(b *testing.B) int64 {
+	status, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for line := range strings.Lines(string(status)) {
+		if kb, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			n, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(kb), "kB")), 10, 64)
+			if err != nil {
+				b.Fatal(err)
+			}
+			return n << 10
+		}
+	}
+	b.Fatal("no VmRSS in /proc/self/status")
+	return 0
 }

@@ -36,6 +36,7 @@ behind an OpenAI-compatible HTTP API.
 Usage:
   infernode --model PATH [flags]          run a node
   infernode status [--addr URL] [--watch] print the cluster as one node sees it
+  infernode quantize [--type T] IN OUT    write a model's weights as Q8_0, Q4_K_M, ...
 
 Example (the default test model, on port 8080):
   make model && bin/infernode --model models/infernode-tiny.gguf --addr 127.0.0.1:8080
@@ -60,6 +61,9 @@ func main() {
 		code := status(ctx, os.Args[2:], os.Stdout, os.Stderr)
 		stop()
 		os.Exit(code)
+	}
+	if len(os.Args) > 1 && os.Args[1] == "quantize" {
+		os.Exit(quantize(os.Args[2:], os.Stdout, os.Stderr))
 	}
 	os.Exit(run(os.Args[1:], os.Stderr))
 }

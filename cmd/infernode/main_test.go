@@ -221,3 +221,49 @@ func TestNetworkFlag(t *testing.T) {
 		t.Errorf("--network moon: %v", err)
 	}
 }
+
+// TestQuantizeCommand: the binary writes a Q8_0 copy of the default model that a node
+// serves, flags may follow the files, and a bad type or missing file is a clear error that
+// writes nothing.
+func TestQuantizeCommand(t *testing.T) {
+	model := testenv.Model(t)
+	dir := t.TempDir()
+	out := filepath.Join(dir, "q8.gguf")
+	if b, err := exec.Command(binary, "quantize", model, out, "--type", "q8_0").CombinedOutput(); err != nil {
+		t.Fatalf("quantize: %v\n%s", err, b)
+	}
+	for _, c := range []struct {
+		args []string
+		code int
+		says string
+	}{
+		{[]string{"--type", "q3", model, filepath.Join(dir, "x.gguf")}, 2, "unknown type \"q3\""},
+		{[]string{filepath.Join(dir, "missing.gguf"), filepath.Join(dir, "x.gguf")}, 1, "no such file"},
+		{[]string{model}, 2, "Usage"},
+	} {
+		b, err := exec.Command(binary, append([]string{"quantize"}, c.args...)...).CombinedOutput()
+		if exitCode(err) != c.code || !strings.Contains(string(b), c.says) {
+			t.Errorf("quantize %v: %v, want exit %d saying %q:\n%s", c.args, err, c.code, c.says, b)
+		}
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
+		t.Errorf("files left: %v, want only q8.gguf", entries)
+	}
+	p := start(t, "--model", out)
+	resp, err := http.Post(p.url+"/v1/completions", "application/json",
+		strings.NewReader(`{"prompt":"the long story","max_tokens":8,"temperature":0}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var answer struct {
+		Choices []struct{ Text string }
+		Usage   struct {
+			CompletionTokens int `json:"completion_tokens"`
+		}
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&answer); err != nil || resp.StatusCode != 200 ||
+		len(answer.Choices) == 0 || answer.Usage.CompletionTokens != 8 || strings.TrimSpace(answer.Choices[0].Text) == "" {
+		t.Errorf("a node on the Q8_0 model answered %d %+v (%v), want 8 tokens of text", resp.StatusCode, answer, err)
+	}
+}

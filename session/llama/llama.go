@@ -70,6 +70,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"runtime/cgo"
 	"slices"
 	"strings"
@@ -162,6 +163,39 @@ func (m *Model) Description() string {
 		return ""
 	}
 	return C.GoString(&buf[0])
+}
+
+// QuantTypes are the weight types Quantize writes, by the names llama.cpp's quantize tool
+// gives them; "_M" and "_S" mixes keep some tensors at more bits (llama.cpp's choice).
+var QuantTypes = map[string]C.enum_llama_ftype{
+	"f16":    C.LLAMA_FTYPE_MOSTLY_F16,
+	"q8_0":   C.LLAMA_FTYPE_MOSTLY_Q8_0,
+	"q6_k":   C.LLAMA_FTYPE_MOSTLY_Q6_K,
+	"q5_k_m": C.LLAMA_FTYPE_MOSTLY_Q5_K_M,
+	"q4_k_m": C.LLAMA_FTYPE_MOSTLY_Q4_K_M,
+	"q4_k_s": C.LLAMA_FTYPE_MOSTLY_Q4_K_S,
+	"q4_0":   C.LLAMA_FTYPE_MOSTLY_Q4_0,
+}
+
+// Quantize writes the GGUF model at in to out with its weights in type kind (a key of
+// QuantTypes), using llama.cpp's own quantizer (llama_model_quantize) on threads threads.
+func Quantize(in, out, kind string, threads int) error {
+	ftype, ok := QuantTypes[strings.ToLower(kind)]
+	if !ok {
+		names := slices.Sorted(maps.Keys(QuantTypes))
+		return fmt.Errorf("quantize: unknown type %q (want one of %s)", kind, strings.Join(names, ", "))
+	}
+	Init()
+	p := C.llama_model_quantize_default_params()
+	p.ftype = ftype
+	p.nthread = C.int32_t(threads)
+	cin, cout := C.CString(in), C.CString(out)
+	defer C.free(unsafe.Pointer(cin))
+	defer C.free(unsafe.Pointer(cout))
+	if rc := C.llama_model_quantize(cin, cout, &p); rc != 0 {
+		return fmt.Errorf("quantize %s to %s as %s: llama.cpp failed (%d; its log says why)", in, out, kind, rc)
+	}
+	return nil
 }
 
 // Meta returns a metadata value of the GGUF file as a string.

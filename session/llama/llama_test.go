@@ -1,6 +1,10 @@
 package llama
 
 import (
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -145,4 +149,81 @@ func TestDecodeGreedy(t *testing.T) {
 	if got := c.SeqPosMax(1); got != 2 {
 		t.Errorf("after SeqRemove(1, 3, -1): SeqPosMax(1) = %d, want 2", got)
 	}
+}
+
+// TestQuantize: llama.cpp's quantizer writes the default model in Q8_0, Q4_0 and Q4_K_M,
+// the loader reads them as such, and their next-token logits follow the F32 model's: the
+// error through the whole network leaves them closely correlated (4 bits err more than 8). An unknown type is refused and writes nothing.
+func TestQuantize(t *testing.T) {
+	src := testenv.Model(t)
+	logits := func(path string) ([]float32, string) {
+		m, err := LoadModel(path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer m.Close()
+		c, err := NewContext(m, ContextParams{Cells: 256, Sequences: 1, Batch: 64, Threads: 2, Unified: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		b := NewBatch(64)
+		defer b.Free()
+		prompt, _ := m.Tokenize("the river and the old mill by the sea", true, false)
+		var idx int
+		for i, tok := range prompt {
+			idx = b.Add(tok, i, 0, i == len(prompt)-1)
+		}
+		if err := c.Decode(b); err != nil {
+			t.Fatal(err)
+		}
+		return slices.Clone(c.Logits(idx).Row(m.NumVocab())), m.Description()
+	}
+	ref, desc := logits(src)
+	t.Logf("source: %s", desc)
+	dir := t.TempDir()
+	for _, c := range []struct {
+		kind, desc string
+		least      float64 // correlation of the logits with F32's
+	}{{"q8_0", "Q8_0", 0.999}, {"q4_0", "Q4_0", 0.95}, {"q4_k_m", "Q4_K - Medium", 0.98}} {
+		out := filepath.Join(dir, c.kind+".gguf")
+		if err := Quantize(src, out, c.kind, 2); err != nil {
+			t.Fatal(err)
+		}
+		got, desc := logits(out)
+		if !strings.Contains(desc, c.desc) {
+			t.Errorf("%s: llama.cpp describes the model as %q", c.kind, desc)
+		}
+		r := correlation(ref, got)
+		t.Logf("%s: %s; correlation with F32's logits %.5f", c.kind, desc, r)
+		if r < c.least {
+			t.Errorf("%s: logits correlate %.5f with F32's, want at least %.3f", c.kind, r, c.least)
+		}
+	}
+	out := filepath.Join(dir, "q3.gguf")
+	if err := Quantize(src, out, "q3", 2); err == nil || !strings.Contains(err.Error(), "q4_k_m") {
+		t.Errorf("Quantize to q3: %v, want an error that lists the types", err)
+	}
+	if _, err := os.Stat(out); !os.IsNotExist(err) {
+		t.Errorf("Quantize to q3 left %s (%v)", out, err)
+	}
+}
+
+// correlation is Pearson's correlation of x and y.
+func correlation(x, y []float32) float64 {
+	var mx, my float64
+	for i := range x {
+		mx += float64(x[i])
+		my += float64(y[i])
+	}
+	mx /= float64(len(x))
+	my /= float64(len(y))
+	var sxy, sxx, syy float64
+	for i := range x {
+		dx, dy := float64(x[i])-mx, float64(y[i])-my
+		sxy += dx * dy
+		sxx += dx * dx
+		syy += dy * dy
+	}
+	return sxy / math.Sqrt(sxx*syy)
 }
