@@ -867,13 +867,15 @@ const nearTie = 0.25
 // owners may be lost or repeated text, so there it passes only as a far closer near-tie.
 // Lost text ("A B" sent, "A B C" given to the next owner) or repeated text ("A B C" sent,
 // "A B" given) makes the answer take a token the reference did not nearly tie with, a gap
-// of a whole token's worth. A plain near-tie can land there too: two long runs failed on
+// of a whole token's worth, unless the seam falls on a near-tie: a resume given three
+// bytes too few (broken on purpose) was caught at a seam where the reference's choice was
+// 0.032 above the text's. A plain near-tie can land there too: two long runs failed on
 // such ties 16 bytes after a seam (gap 0.0011, the same tie other answers of that
 // conversation took with no seam) and 6 bytes before one (the bytes before a seam came
 // from the first owner alone, so the move cannot explain them).
 const (
 	seamSlack = 16
-	seamTie   = nearTie / 10
+	seamTie   = nearTie / 50
 )
 
 // checkAnswers compares every completed answer, streamed or not, resumed or not, with the

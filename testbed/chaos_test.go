@@ -112,7 +112,7 @@ func TestTieAt(t *testing.T) {
 		{"Miabbelixx", nearTie, false},     // never an alternative
 		{"Tom", nearTie, false},            // at byte 0, not an alternative either
 		{"Miabbelive. As", seamTie, true},  // an exact tie just after a seam
-		{"Miabbelick", seamTie, false},     // 0.18 is too far there
+		{"Miabbelick", seamTie, false},     // 0.18 is far too much there
 	} {
 		d := 0
 		for d < min(len(c.text), len(ref.text)) && c.text[d] == ref.text[d] {
