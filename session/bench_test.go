@@ -304,3 +304,50 @@ func rss(b *testing.B) int64 {
 	b.Fatal("no VmRSS in /proc/self/status")
 	return 0
 }
+
+// BenchmarkShortBehindLong: a 1,500-token prompt arrives, then four short ones just
+// after it. The time to first token of the short ones shows whether they wait behind the
+// long prefill (first come, first served) or go first (shortest prompt first).
+func BenchmarkShortBehindLong(b *testing.B) {
+	e := benchEngine(b, nil)
+	long := strings.Repeat("the quiet river runs past the old stone bridge and the garden ", 110)
+	var short, longTTFT []time.Duration
+	for i := 0; b.Loop(); i++ {
+		ttft := func(prompt string) func() time.Duration {
+			start := time.Now()
+			s, err := e.Submit(context.Background(), Request{Prompt: prompt, MaxTokens: 2, Sampling: Sampling{TopP: 1}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			for _, _, ok := s.Admitted(); !ok; _, _, ok = s.Admitted() {
+				time.Sleep(100 * time.Microsecond) // admitted within a step
+			}
+			first := make(chan time.Duration, 1)
+			go func() {
+				for n := 0; ; n++ {
+					_, err := s.Recv()
+					if n == 0 {
+						first <- time.Since(start)
+					}
+					if err != nil {
+						return
+					}
+				}
+			}()
+			return func() time.Duration { return <-first }
+		}
+		l := ttft(fmt.Sprintf("%d %s", i, long)) // admitted before the short ones arrive
+		var waits []func() time.Duration
+		for k := range 4 {
+			waits = append(waits, ttft(fmt.Sprintf("story %d of %d by the river", k, i)))
+		}
+		for _, w := range waits {
+			short = append(short, w())
+		}
+		longTTFT = append(longTTFT, l())
+	}
+	b.ReportMetric(float64(measure.Percentile(short, 50).Milliseconds()), "short-p50-ms")
+	b.ReportMetric(float64(measure.Percentile(short, 100).Milliseconds()), "short-max-ms")
+	b.ReportMetric(float64(measure.Percentile(longTTFT, 50).Milliseconds()), "long-ms")
+	b.ReportMetric(0, "ns/op")
+}

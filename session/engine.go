@@ -73,6 +73,7 @@ type job struct {
 	sampler  *llama.Sampler
 	filter   *textFilter
 	admitted time.Time
+	since    uint64 // the step counter at admission
 	cached   int
 	pending  []int32      // tokens to feed: the rest of the prompt, then the last sampled token
 	logitIdx int          // batch index of this job's logits in the current step, or -1

@@ -219,7 +219,7 @@ func (e *Engine) start(j *job, p placement, stats *Stats) {
 	}
 	j.slot, j.cached, j.pending, j.claim = s, p.reuse, j.prompt[p.reuse:], e.firstClaim(j)
 	j.filter = newTextFilter(j.req.Stop)
-	j.admitted = time.Now()
+	j.admitted, j.since = time.Now(), e.tick
 	j.stream.admit(len(j.prompt), p.reuse)
 	e.jobs = append(e.jobs, j)
 	stats.PromptTokens += uint64(len(j.prompt))
@@ -243,8 +243,54 @@ const (
 	prefillWindow    = 8
 )
 
-// step builds one batch (a token for every decoding request, then prefill chunks in
-// admission order), decodes it, and samples for every request whose logits it produced.
+// prefillAge is how many steps a prompt may wait before it is prefilled ahead of shorter
+// ones.
+const prefillAge = 16
+
+// prefillOrder picks the prompts the step prefills, and how many tokens of each (set in
+// fed), after decoding requests took their one token each. Shortest remaining prompt first:
+// when a burst of requests arrives together, their first tokens come one after another
+// instead of all after one long step (a lower median time to first token for the same
+// work). At most Config.PrefillBudget prompt tokens a step while requests decode or other
+// prompts wait, so a long prompt does not hold up every running stream's next token (the
+// whole batch for a lone prompt). A prompt that has waited prefillAge steps goes first,
+// so a stream of short arrivals cannot starve a long one.
+func (e *Engine) prefillOrder(decoding int) []*job {
+	var ps []*job
+	for _, j := range e.jobs {
+		if j.gen == 0 {
+			ps = append(ps, j)
+		}
+	}
+	budget := e.batch.Cap() - decoding
+	if decoding > 0 || len(ps) > 1 {
+		budget = min(budget, e.cfg.PrefillBudget)
+	}
+	old := func(j *job) bool { return e.tick-j.since >= prefillAge }
+	slices.SortStableFunc(ps, func(a, b *job) int {
+		switch oa, ob := old(a), old(b); {
+		case oa != ob && oa:
+			return -1
+		case oa != ob:
+			return 1
+		case oa:
+			return 0 // both waited long: admission order
+		}
+		return len(a.pending) - len(b.pending)
+	})
+	for i, j := range ps {
+		if budget == 0 {
+			return ps[:i]
+		}
+		j.fed = min(len(j.pending), budget)
+		budget -= j.fed
+	}
+	return ps
+}
+
+// step builds one batch (a token for every decoding request, then prefill chunks as
+// prefillOrder picks them), decodes it, and samples for every request whose logits it
+// produced.
 func (e *Engine) step(stats *Stats) {
 	e.tick++
 	b := e.batch
@@ -266,18 +312,13 @@ func (e *Engine) step(stats *Stats) {
 	}
 	stats.MaxDecoding = max(stats.MaxDecoding, decoding)
 	e.stalled = len(stalled)
-	for _, j := range e.jobs {
-		if j.gen > 0 || b.Len() == b.Cap() {
-			continue
-		}
-		n := min(len(j.pending), b.Cap()-b.Len())
-		for i, tok := range j.pending[:n] {
+	for _, j := range e.prefillOrder(decoding) {
+		for i, tok := range j.pending[:j.fed] {
 			idx := b.Add(tok, len(j.slot.tokens)+i, j.slot.seq, i == len(j.pending)-1)
 			if i == len(j.pending)-1 {
 				j.logitIdx = idx
 			}
 		}
-		j.fed = n
 	}
 	if b.Len() == 0 && len(stalled) > 0 {
 		// Every running request waits for cells the others hold: end the one holding most,

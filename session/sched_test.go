@@ -5,6 +5,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/infernode/infernode/session/llama"
 )
 
 // Placement needs no model: these table tests build the engine's slots by hand, as
@@ -133,4 +135,51 @@ func TestReplicasEvictedFirst(t *testing.T) {
 	if v := e.lru(nil); v.key != "b" {
 		t.Errorf("evicted %q first, want the replica b", v.key)
 	}
+}
+
+// TestPrefillOrder: prompts go shortest first within the step's budget, a lone prompt
+// takes the whole batch, and one that waited prefillAge steps goes ahead of shorter ones.
+func TestPrefillOrder(t *testing.T) {
+	type spec struct {
+		pending int
+		since   uint64
+		gen     int
+	}
+	for _, tc := range []struct {
+		name     string
+		tick     uint64
+		jobs     []spec
+		decoding int
+		want     [][2]int // job index, tokens fed
+	}{
+		{name: "a burst: shortest first, 128 tokens a step", jobs: []spec{{50, 0, 0}, {40, 0, 0}, {45, 0, 0}, {200, 0, 0}},
+			want: [][2]int{{1, 40}, {2, 45}, {0, 43}}},
+		{name: "a lone prompt uses the batch", jobs: []spec{{900, 0, 0}}, want: [][2]int{{0, 512}}},
+		{name: "beside decoding streams, the budget", jobs: []spec{{1, 0, 3}, {900, 0, 0}}, decoding: 1,
+			want: [][2]int{{1, 128}}},
+		{name: "a prompt that waited goes first", tick: 20, jobs: []spec{{30, 19, 0}, {600, 2, 0}, {20, 18, 0}},
+			want: [][2]int{{1, 128}}},
+		{name: "then by remaining length", tick: 20, jobs: []spec{{30, 19, 0}, {60, 2, 0}, {20, 18, 0}},
+			want: [][2]int{{1, 60}, {2, 20}, {0, 30}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := &Engine{cfg: Config{PrefillBudget: 128}, tick: tc.tick, batch: llamaBatch(t, 512)}
+			for _, sp := range tc.jobs {
+				e.jobs = append(e.jobs, &job{pending: prompt(sp.pending), since: sp.since, gen: sp.gen})
+			}
+			var got [][2]int
+			for _, j := range e.prefillOrder(tc.decoding) {
+				got = append(got, [2]int{slices.Index(e.jobs, j), j.fed})
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("prefilled (job, tokens) %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func llamaBatch(t *testing.T, n int) *llama.Batch {
+	b := llama.NewBatch(n)
+	t.Cleanup(b.Free)
+	return b
 }
