@@ -19,7 +19,8 @@ import (
 )
 
 // benchEngine runs an engine on INFERNODE_BENCH_MODEL (make bench sets it to the
-// SmolLM2-135M-shaped model) for the benchmark's duration.
+// SmolLM2-135M-shaped model) for the benchmark's duration, with INFERNODE_BENCH_THREADS
+// and INFERNODE_BENCH_PREFILL_SLICE if set.
 func benchEngine(b *testing.B, edit func(*Config)) *Engine {
 	b.Helper()
 	path := os.Getenv("INFERNODE_BENCH_MODEL")
@@ -32,6 +33,9 @@ func benchEngine(b *testing.B, edit func(*Config)) *Engine {
 	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	if th, err := strconv.Atoi(os.Getenv("INFERNODE_BENCH_THREADS")); err == nil {
 		cfg.Threads = th
+	}
+	if d, err := time.ParseDuration(os.Getenv("INFERNODE_BENCH_PREFILL_SLICE")); err == nil {
+		cfg.PrefillSlice = d
 	}
 	if edit != nil {
 		edit(&cfg)

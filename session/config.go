@@ -23,12 +23,12 @@ type Config struct {
 	// BatchSize is the most tokens one step decodes: one per running sequence plus prefill
 	// chunks. Default 512.
 	BatchSize int
-	// PrefillBudget is the most prompt tokens one step prefills while requests decode or
-	// several prompts wait (a lone prompt may use the whole batch). Smaller gives decoding
-	// streams steadier tokens and a burst's first prompts their first tokens sooner; larger
-	// wastes less per step on a long prompt. At most BatchSize counts. Default 128
-	// (docs/BENCHMARKS.md).
-	PrefillBudget int
+	// PrefillSlice bounds how long one step may spend prefilling while requests decode
+	// or several prompts wait, at the measured prefill rate (shortest prompt first; a
+	// lone prompt may use the whole batch). Shorter gives decoding streams steadier
+	// tokens and short prompts behind long ones their first tokens sooner; longer spends
+	// less on step overhead. Default 150ms (docs/BENCHMARKS.md).
+	PrefillSlice time.Duration
 	// Threads is the number of CPU threads llama.cpp uses. Default: all CPUs.
 	Threads int
 	// UnifiedKV makes all sequences share one pool of Cells (llama.cpp's kv_unified), so a
@@ -73,7 +73,7 @@ func DefaultConfig() Config {
 		Cells:            8192, // 8 sequences of 1k tokens, or fewer longer ones
 		Sequences:        8,    // 2.5x aggregate decode at 8 on 2 cores (docs/BENCHMARKS.md)
 		BatchSize:        512,  // prefill chunk large enough to reach full speed
-		PrefillBudget:    128,
+		PrefillSlice:     150 * time.Millisecond,
 		Threads:          runtime.NumCPU(), // the engine is the process's main work
 		UnifiedKV:        true,
 		KVType:           "f16",
@@ -90,7 +90,6 @@ func (c Config) Validate() error {
 	check(c.ModelPath != "", "model path is required")
 	check(c.Sequences >= 1 && c.Sequences <= 256, "sequences must be in [1, 256], got %d", c.Sequences)
 	check(c.BatchSize >= c.Sequences, "batch size %d must be at least the number of sequences %d", c.BatchSize, c.Sequences)
-	check(c.PrefillBudget >= 1, "prefill budget must be at least 1, got %d", c.PrefillBudget)
 	check(c.Cells >= 16, "KV cells must be at least 16, got %d", c.Cells)
 	check(c.UnifiedKV || c.Cells/max(c.Sequences, 1) >= 16,
 		"KV cells %d leave fewer than 16 per sequence without a unified pool", c.Cells)
@@ -101,5 +100,6 @@ func (c Config) Validate() error {
 	check(c.SeqContext >= 0, "context per conversation must not be negative, got %d", c.SeqContext)
 	check(c.MaxQueue >= 0, "max queue must not be negative, got %d", c.MaxQueue)
 	p.Positive("queue timeout", c.QueueTimeout)
+	p.Positive("prefill slice", c.PrefillSlice)
 	return p.Err()
 }

@@ -244,18 +244,23 @@ const (
 )
 
 // prefillAge is how many steps a prompt may wait before it is prefilled ahead of shorter
-// ones.
-const prefillAge = 16
+// ones; minPrefillChunk is the least a step prefills when prompts wait, however slow the
+// engine.
+const (
+	prefillAge      = 16
+	minPrefillChunk = 16
+)
 
 // prefillOrder picks the prompts the step prefills, and how many tokens of each (set in
 // fed), after decoding requests took their one token each. Shortest remaining prompt first:
-// when a burst of requests arrives together, their first tokens come one after another
-// instead of all after one long step (a lower median time to first token for the same
-// work). At most Config.PrefillBudget prompt tokens a step while requests decode or other
-// prompts wait, so a long prompt does not hold up every running stream's next token (the
-// whole batch for a lone prompt). A prompt that has waited prefillAge steps goes first,
-// so a stream of short arrivals cannot starve a long one.
-func (e *Engine) prefillOrder(decoding int) []*job {
+// a short prompt that arrives behind a long one, or early in a burst, gets its first token
+// after a step or two instead of after the whole backlog. While requests decode or other
+// prompts wait, a step prefills only what the measured prefill rate (Stats.PrefillRate)
+// gets through in Config.PrefillSlice, so a long prompt does not hold up every running
+// stream's next token and the short prompts behind it (a lone prompt gets the whole
+// batch). A prompt that has waited prefillAge steps goes first, so a stream of short
+// arrivals cannot starve a long one.
+func (e *Engine) prefillOrder(decoding int, rate float64) []*job {
 	var ps []*job
 	for _, j := range e.jobs {
 		if j.gen == 0 {
@@ -263,8 +268,8 @@ func (e *Engine) prefillOrder(decoding int) []*job {
 		}
 	}
 	budget := e.batch.Cap() - decoding
-	if decoding > 0 || len(ps) > 1 {
-		budget = min(budget, e.cfg.PrefillBudget)
+	if (decoding > 0 || len(ps) > 1) && rate > 0 {
+		budget = min(budget, max(minPrefillChunk, int(rate*e.cfg.PrefillSlice.Seconds())))
 	}
 	old := func(j *job) bool { return e.tick-j.since >= prefillAge }
 	slices.SortStableFunc(ps, func(a, b *job) int {
@@ -312,7 +317,7 @@ func (e *Engine) step(stats *Stats) {
 	}
 	stats.MaxDecoding = max(stats.MaxDecoding, decoding)
 	e.stalled = len(stalled)
-	for _, j := range e.prefillOrder(decoding) {
+	for _, j := range e.prefillOrder(decoding, stats.PrefillRate) {
 		for i, tok := range j.pending[:j.fed] {
 			idx := b.Add(tok, len(j.slot.tokens)+i, j.slot.seq, i == len(j.pending)-1)
 			if i == len(j.pending)-1 {

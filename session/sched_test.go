@@ -137,8 +137,9 @@ func TestReplicasEvictedFirst(t *testing.T) {
 	}
 }
 
-// TestPrefillOrder: prompts go shortest first within the step's budget, a lone prompt
-// takes the whole batch, and one that waited prefillAge steps goes ahead of shorter ones.
+// TestPrefillOrder: prompts go shortest first within what the prefill rate gets through
+// in the step's slice (1,280 tokens/s for 100ms: 128), a lone prompt takes the whole batch,
+// and one that waited prefillAge steps goes ahead of shorter ones.
 func TestPrefillOrder(t *testing.T) {
 	type spec struct {
 		pending int
@@ -150,6 +151,7 @@ func TestPrefillOrder(t *testing.T) {
 		tick     uint64
 		jobs     []spec
 		decoding int
+		rate     float64  // measured prefill tokens/s; 0 means 1,280, -1 none measured
 		want     [][2]int // job index, tokens fed
 	}{
 		{name: "a burst: shortest first, 128 tokens a step", jobs: []spec{{50, 0, 0}, {40, 0, 0}, {45, 0, 0}, {200, 0, 0}},
@@ -161,14 +163,27 @@ func TestPrefillOrder(t *testing.T) {
 			want: [][2]int{{1, 128}}},
 		{name: "then by remaining length", tick: 20, jobs: []spec{{30, 19, 0}, {60, 2, 0}, {20, 18, 0}},
 			want: [][2]int{{1, 60}, {2, 20}, {0, 30}}},
+		{name: "a slow engine still prefills something", jobs: []spec{{50, 0, 0}, {40, 0, 0}}, rate: 10,
+			want: [][2]int{{1, 16}}},
+		{name: "a fast one up to the batch", jobs: []spec{{400, 0, 0}, {300, 0, 0}}, rate: 1e6,
+			want: [][2]int{{1, 300}, {0, 212}}},
+		{name: "no rate measured yet: the batch", jobs: []spec{{400, 0, 0}, {300, 0, 0}}, rate: -1,
+			want: [][2]int{{1, 300}, {0, 212}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			e := &Engine{cfg: Config{PrefillBudget: 128}, tick: tc.tick, batch: llamaBatch(t, 512)}
+			e := &Engine{cfg: Config{PrefillSlice: 100 * time.Millisecond}, tick: tc.tick, batch: llamaBatch(t, 512)}
 			for _, sp := range tc.jobs {
 				e.jobs = append(e.jobs, &job{pending: prompt(sp.pending), since: sp.since, gen: sp.gen})
 			}
 			var got [][2]int
-			for _, j := range e.prefillOrder(tc.decoding) {
+			rate := tc.rate
+			switch rate {
+			case 0:
+				rate = 1280
+			case -1:
+				rate = 0
+			}
+			for _, j := range e.prefillOrder(tc.decoding, rate) {
 				got = append(got, [2]int{slices.Index(e.jobs, j), j.fed})
 			}
 			if !slices.Equal(got, tc.want) {

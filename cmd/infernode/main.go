@@ -122,7 +122,7 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&ec.SeqContext, "seq-ctx", ec.SeqContext, "most tokens one conversation holds (0: the model's trained context)")
 	fs.IntVar(&ec.Sequences, "sequences", ec.Sequences, "conversations held at once (running or cached)")
 	fs.IntVar(&ec.BatchSize, "batch", ec.BatchSize, "tokens per decode step")
-	fs.IntVar(&ec.PrefillBudget, "prefill-budget", ec.PrefillBudget, "most prompt tokens a step prefills while others decode or wait (shortest prompt first)")
+	fs.DurationVar(&ec.PrefillSlice, "prefill-slice", ec.PrefillSlice, "longest a step prefills while others decode or wait, at the measured rate (shortest prompt first)")
 	fs.IntVar(&ec.Threads, "threads", ec.Threads, "CPU threads for inference")
 	fs.BoolVar(&ec.UnifiedKV, "kv-unified", ec.UnifiedKV, "one KV pool shared by all sequences (false: fixed partitions)")
 	fs.StringVar(&ec.KVType, "kv-type", ec.KVType, "KV cache type: f16, q8_0 or q4_0")
