@@ -265,26 +265,35 @@ func BenchmarkQuant(b *testing.B) {
 }
 
 // decodeSteady has n requests generate gen tokens each at once and returns the tokens and
-// seconds of the steady window (measure.SteadyRate).
+// seconds of the steady window (measure.SteadyRate). With a history, each request's
+// conversation is first prefilled with it (cached), so all n start decoding together over
+// long contexts.
 func decodeSteady(b *testing.B, e *Engine, n, gen int, history string) (tokens, seconds float64) {
 	events := make([][]time.Time, n)
+	run := func(i int, prompt string, gen int) {
+		s, err := e.Submit(context.Background(), Request{
+			SessionID: fmt.Sprintf("steady-%d", i), Prompt: fmt.Sprintf("story %d of the river", i) + prompt,
+			MaxTokens: gen, Sampling: Sampling{Temperature: 0.8, TopP: 1, Seed: int64(i)}})
+		if err != nil {
+			b.Error(err)
+			return
+		}
+		for {
+			if _, err := s.Recv(); err != nil {
+				break
+			}
+			events[i] = append(events[i], time.Now())
+		}
+	}
+	if history != "" {
+		for i := range n {
+			run(i, history, 1)
+		}
+		clear(events)
+	}
 	var wg sync.WaitGroup
 	for i := range n {
-		wg.Go(func() {
-			s, err := e.Submit(context.Background(), Request{
-				Prompt: fmt.Sprintf("story %d of the river", i) + history, MaxTokens: gen,
-				Sampling: Sampling{Temperature: 0.8, TopP: 1, Seed: int64(i)}})
-			if err != nil {
-				b.Error(err)
-				return
-			}
-			for {
-				if _, err := s.Recv(); err != nil {
-					break
-				}
-				events[i] = append(events[i], time.Now())
-			}
-		})
+		wg.Go(func() { run(i, history+" and then", gen) })
 	}
 	wg.Wait()
 	return measure.SteadyRate(events)
