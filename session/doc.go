@@ -3,8 +3,9 @@
 //
 // One goroutine (Engine.Run) owns the llama.cpp context. Callers Submit requests from any
 // goroutine and read the answer from a Stream. Every step of the loop decodes one token for
-// each running sequence and spends the rest of the batch budget on prefill chunks of newly
-// admitted requests; requests join between steps and leave as soon as they finish.
+// each running sequence and spends the rest of the step on prefill chunks of newly admitted
+// requests, shortest prompt first, within a time slice while others decode; requests join
+// between steps and leave as soon as they finish.
 //
 // A conversation (a request's SessionID) keeps its tokens and KV cells in a sequence slot
 // after its turn ends. Its next turn reuses the longest cached token prefix and prefills
