@@ -1,0 +1,89 @@
+package llama
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+// BenchmarkRawDecode is llama.cpp alone, the floor under every other decode number: n
+// sequences prefilled, then decoded together in one batch a step, each row sampled on
+// this goroutine (greedy, or at temperature 0.8 as BenchmarkDecode and loadgen sample),
+// nothing else (no engine, no HTTP), on INFERNODE_BENCH_MODEL with 2 threads. tok/s
+// counts decode steps only, as the engine's and loadgen's steady rates do; sample-ms is
+// the sampling time of one step.
+func BenchmarkRawDecode(b *testing.B) {
+	path := os.Getenv("INFERNODE_BENCH_MODEL")
+	if path == "" {
+		b.Skip("INFERNODE_BENCH_MODEL not set; run through make bench")
+	}
+	m, err := LoadModel(path, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer m.Close()
+	for _, sc := range []struct {
+		n    int
+		temp float32
+	}{{1, 0}, {8, 0}, {1, 0.8}, {8, 0.8}} {
+		n := sc.n
+		b.Run(fmt.Sprintf("seqs=%d/temp=%g", n, sc.temp), func(b *testing.B) {
+			c, err := NewContext(m, ContextParams{Cells: 8192, Sequences: 8, Batch: 512, Threads: 2, Unified: true, FlashAttn: true})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer c.Close()
+			batch := NewBatch(512)
+			defer batch.Free()
+			samplers := make([]*Sampler, n)
+			for i := range samplers {
+				samplers[i] = NewSampler(m, SamplerParams{Temperature: sc.temp, TopP: 1, Seed: uint32(i)})
+				defer samplers[i].Free()
+			}
+			const gen = 64
+			var tokens, steps int
+			var took, sampling time.Duration
+			for b.Loop() {
+				c.Clear()
+				batch.Clear()
+				idx := make([]int, n)
+				pos := make([]int, n)
+				for s := range n {
+					prompt, _ := m.Tokenize(fmt.Sprintf("story %d of the river", s)+strings.Repeat(" and the sea", 4), true, false)
+					for i, tok := range prompt {
+						idx[s] = batch.Add(tok, i, s, i == len(prompt)-1)
+					}
+					pos[s] = len(prompt)
+				}
+				if err := c.Decode(batch); err != nil {
+					b.Fatal(err)
+				}
+				start := time.Now()
+				for range gen {
+					next := make([]int32, n)
+					t := time.Now()
+					for s := range n {
+						next[s] = samplers[s].Sample(c.Logits(idx[s]))
+					}
+					sampling += time.Since(t)
+					steps++
+					batch.Clear()
+					for s := range n {
+						idx[s] = batch.Add(next[s], pos[s], s, true)
+						pos[s]++
+					}
+					if err := c.Decode(batch); err != nil {
+						b.Fatal(err)
+					}
+				}
+				took += time.Since(start)
+				tokens += gen * n
+			}
+			b.ReportMetric(float64(tokens)/took.Seconds(), "tok/s")
+			b.ReportMetric(sampling.Seconds()*1000/float64(steps), "sample-ms")
+			b.ReportMetric(0, "ns/op")
+		})
+	}
+}
