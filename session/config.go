@@ -70,11 +70,11 @@ type Config struct {
 // DefaultConfig returns the configuration infernode runs with unless told otherwise.
 func DefaultConfig() Config {
 	return Config{
-		Cells:            8192, // 8 sequences of 1k tokens, or fewer longer ones
-		Sequences:        8,    // 2.5x aggregate decode at 8 on 2 cores (docs/BENCHMARKS.md)
-		BatchSize:        512,  // prefill chunk large enough to reach full speed
-		PrefillSlice:     150 * time.Millisecond,
-		Threads:          runtime.NumCPU(), // the engine is the process's main work
+		Cells:            8192,                   // 8 sequences of 1k tokens, or fewer longer ones
+		Sequences:        8,                      // 2.5x aggregate decode at 8 on 2 cores (docs/BENCHMARKS.md)
+		BatchSize:        512,                    // prefill chunk large enough to reach full speed
+		PrefillSlice:     150 * time.Millisecond, // ~60 tokens a step on the realistic shape, 2 cores
+		Threads:          runtime.NumCPU(),       // the engine is the process's main work
 		UnifiedKV:        true,
 		KVType:           "f16",
 		DefaultMaxTokens: 1024,

@@ -49,29 +49,28 @@ func quantize(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "infernode quantize: unknown type %q (want one of %s)\n", *kind, types)
 		return 2
 	}
-	if _, err := os.Stat(in); err != nil {
+	fail := func(err error) int {
 		fmt.Fprintf(stderr, "infernode quantize: %v\n", err)
 		return 1
+	}
+	if _, err := os.Stat(in); err != nil {
+		return fail(err)
 	}
 	// Written beside out and renamed, so a reader never sees half a model.
 	tmp, err := os.CreateTemp(filepath.Dir(out), ".quantize-*.gguf")
 	if err != nil {
-		fmt.Fprintf(stderr, "infernode quantize: %v\n", err)
-		return 1
+		return fail(err)
 	}
 	tmp.Close()
 	defer os.Remove(tmp.Name())
 	if err := llama.Quantize(in, tmp.Name(), *kind, *threads); err != nil {
-		fmt.Fprintf(stderr, "infernode quantize: %v\n", err)
-		return 1
+		return fail(err)
 	}
 	if err := os.Chmod(tmp.Name(), 0o644); err != nil {
-		fmt.Fprintf(stderr, "infernode quantize: %v\n", err)
-		return 1
+		return fail(err)
 	}
 	if err := os.Rename(tmp.Name(), out); err != nil {
-		fmt.Fprintf(stderr, "infernode quantize: %v\n", err)
-		return 1
+		return fail(err)
 	}
 	before, _ := os.Stat(in)
 	after, _ := os.Stat(out)
