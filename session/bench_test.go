@@ -270,9 +270,13 @@ func BenchmarkQuant(b *testing.B) {
 // long contexts.
 func decodeSteady(b *testing.B, e *Engine, n, gen int, history string) (tokens, seconds float64) {
 	events := make([][]time.Time, n)
+	session, next := func(int) string { return "" }, ""
+	if history != "" {
+		session, next = func(i int) string { return fmt.Sprint("steady-", i) }, " and then"
+	}
 	run := func(i int, prompt string, gen int) {
 		s, err := e.Submit(context.Background(), Request{
-			SessionID: fmt.Sprintf("steady-%d", i), Prompt: fmt.Sprintf("story %d of the river", i) + prompt,
+			SessionID: session(i), Prompt: fmt.Sprintf("story %d of the river", i) + prompt,
 			MaxTokens: gen, Sampling: Sampling{Temperature: 0.8, TopP: 1, Seed: int64(i)}})
 		if err != nil {
 			b.Error(err)
@@ -293,7 +297,7 @@ func decodeSteady(b *testing.B, e *Engine, n, gen int, history string) (tokens, 
 	}
 	var wg sync.WaitGroup
 	for i := range n {
-		wg.Go(func() { run(i, history+" and then", gen) })
+		wg.Go(func() { run(i, history+next, gen) })
 	}
 	wg.Wait()
 	return measure.SteadyRate(events)

@@ -178,6 +178,41 @@ func TestEvictionLRU(t *testing.T) {
 	})
 }
 
+// TestShortPromptFirst: a short prompt that arrives while a long one is being prefilled
+// gets its first token first (first come, first served made it wait for the whole long
+// prefill: 28 steps of 64 tokens here).
+func TestShortPromptFirst(t *testing.T) {
+	e := startEngine(t, func(c *Config) { c.BatchSize = 64 })
+	first := func(s *Stream, at *time.Time, done *sync.WaitGroup) {
+		defer done.Done()
+		if _, err := s.Recv(); err != nil {
+			t.Error(err)
+		}
+		*at = time.Now()
+		s.Collect()
+	}
+	var wg sync.WaitGroup
+	var longAt, shortAt time.Time
+	long, err := e.Submit(t.Context(), greedy("long", strings.Repeat("the river and the green mountain ", 300), 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !poll.Within(10*time.Second, 100*time.Microsecond, func() bool { _, _, ok := long.Admitted(); return ok }) {
+		t.Fatal("the long prompt was not admitted")
+	}
+	wg.Add(2)
+	go first(long, &longAt, &wg)
+	short, err := e.Submit(t.Context(), greedy("short", "the river", 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	go first(short, &shortAt, &wg)
+	wg.Wait()
+	if prompt, _, _ := long.Admitted(); !shortAt.Before(longAt) {
+		t.Errorf("the short prompt's first token came %v after the long prompt's (%d tokens)", shortAt.Sub(longAt), prompt)
+	}
+}
+
 func TestCancel(t *testing.T) {
 	e := startEngine(t, nil)
 	ctx, cancel := context.WithCancel(t.Context())
