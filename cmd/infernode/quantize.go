@@ -4,7 +4,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"maps"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -19,7 +18,7 @@ import (
 func quantize(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("infernode quantize", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	types := strings.Join(slices.Sorted(maps.Keys(llama.QuantTypes)), ", ")
+	types := strings.Join(llama.QuantTypes(), ", ")
 	kind := fs.String("type", "q4_k_m", "weight type: "+types)
 	threads := fs.Int("threads", runtime.NumCPU(), "threads")
 	fs.Usage = func() {
@@ -45,7 +44,7 @@ func quantize(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	in, out := files[0], files[1]
-	if _, ok := llama.QuantTypes[strings.ToLower(*kind)]; !ok {
+	if !slices.Contains(llama.QuantTypes(), strings.ToLower(*kind)) {
 		fmt.Fprintf(stderr, "infernode quantize: unknown type %q (want one of %s)\n", *kind, types)
 		return 2
 	}

@@ -165,9 +165,9 @@ func (m *Model) Description() string {
 	return C.GoString(&buf[0])
 }
 
-// QuantTypes are the weight types Quantize writes, by the names llama.cpp's quantize tool
+// quantTypes are the weight types Quantize writes, by the names llama.cpp's quantize tool
 // gives them; "_M" and "_S" mixes keep some tensors at more bits (llama.cpp's choice).
-var QuantTypes = map[string]C.enum_llama_ftype{
+var quantTypes = map[string]C.enum_llama_ftype{
 	"f16":    C.LLAMA_FTYPE_MOSTLY_F16,
 	"q8_0":   C.LLAMA_FTYPE_MOSTLY_Q8_0,
 	"q6_k":   C.LLAMA_FTYPE_MOSTLY_Q6_K,
@@ -177,13 +177,15 @@ var QuantTypes = map[string]C.enum_llama_ftype{
 	"q4_0":   C.LLAMA_FTYPE_MOSTLY_Q4_0,
 }
 
-// Quantize writes the GGUF model at in to out with its weights in type kind (a key of
+// QuantTypes are the names of the weight types Quantize writes, sorted.
+func QuantTypes() []string { return slices.Sorted(maps.Keys(quantTypes)) }
+
+// Quantize writes the GGUF model at in to out with its weights in type kind (one of
 // QuantTypes), using llama.cpp's own quantizer (llama_model_quantize) on threads threads.
 func Quantize(in, out, kind string, threads int) error {
-	ftype, ok := QuantTypes[strings.ToLower(kind)]
+	ftype, ok := quantTypes[strings.ToLower(kind)]
 	if !ok {
-		names := slices.Sorted(maps.Keys(QuantTypes))
-		return fmt.Errorf("quantize: unknown type %q (want one of %s)", kind, strings.Join(names, ", "))
+		return fmt.Errorf("quantize: unknown type %q (want one of %s)", kind, strings.Join(QuantTypes(), ", "))
 	}
 	Init()
 	p := C.llama_model_quantize_default_params()
