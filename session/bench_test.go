@@ -270,13 +270,13 @@ func BenchmarkQuant(b *testing.B) {
 // long contexts.
 func decodeSteady(b *testing.B, e *Engine, n, gen int, history string) (tokens, seconds float64) {
 	events := make([][]time.Time, n)
-	session, next := func(int) string { return "" }, ""
-	if history != "" {
-		session, next = func(i int) string { return fmt.Sprint("steady-", i) }, " and then"
-	}
 	run := func(i int, prompt string, gen int) {
+		var session string // a conversation only when its history is cached first
+		if history != "" {
+			session = fmt.Sprint("steady-", i)
+		}
 		s, err := e.Submit(context.Background(), Request{
-			SessionID: session(i), Prompt: fmt.Sprintf("story %d of the river", i) + prompt,
+			SessionID: session, Prompt: fmt.Sprintf("story %d of the river", i) + prompt,
 			MaxTokens: gen, Sampling: Sampling{Temperature: 0.8, TopP: 1, Seed: int64(i)}})
 		if err != nil {
 			b.Error(err)
@@ -294,10 +294,11 @@ func decodeSteady(b *testing.B, e *Engine, n, gen int, history string) (tokens, 
 			run(i, history, 1)
 		}
 		clear(events)
+		history += " and then"
 	}
 	var wg sync.WaitGroup
 	for i := range n {
-		wg.Go(func() { run(i, history+next, gen) })
+		wg.Go(func() { run(i, history, gen) })
 	}
 	wg.Wait()
 	return measure.SteadyRate(events)
@@ -330,8 +331,7 @@ func BenchmarkShortBehindLong(b *testing.B) {
 	long := strings.Repeat("the quiet river runs past the old stone bridge and the garden ", 110)
 	var short, longTTFT []time.Duration
 	for i := 0; b.Loop(); i++ {
-		ttft := func(prompt string) func() time.Duration {
-			start := time.Now()
+		submit := func(prompt string) *Stream {
 			s, err := e.Submit(context.Background(), Request{Prompt: prompt, MaxTokens: 2, Sampling: Sampling{TopP: 1}})
 			if err != nil {
 				b.Fatal(err)
@@ -339,29 +339,24 @@ func BenchmarkShortBehindLong(b *testing.B) {
 			for _, _, ok := s.Admitted(); !ok; _, _, ok = s.Admitted() {
 				time.Sleep(100 * time.Microsecond) // admitted within a step
 			}
-			first := make(chan time.Duration, 1)
-			go func() {
-				for n := 0; ; n++ {
-					_, err := s.Recv()
-					if n == 0 {
-						first <- time.Since(start)
-					}
-					if err != nil {
-						return
-					}
-				}
-			}()
-			return func() time.Duration { return <-first }
+			return s
 		}
-		l := ttft(fmt.Sprintf("%d %s", i, long)) // admitted before the short ones arrive
-		var waits []func() time.Duration
+		ttft := func(s *Stream) time.Duration { // the engine's own time from Submit
+			_, res, err := s.Collect()
+			if err != nil {
+				b.Fatal(err)
+			}
+			return res.FirstToken
+		}
+		l := submit(fmt.Sprintf("%d %s", i, long)) // admitted before the short ones arrive
+		var shorts []*Stream
 		for k := range 4 {
-			waits = append(waits, ttft(fmt.Sprintf("story %d of %d by the river", k, i)))
+			shorts = append(shorts, submit(fmt.Sprintf("story %d of %d by the river", k, i)))
 		}
-		for _, w := range waits {
-			short = append(short, w())
+		for _, s := range shorts {
+			short = append(short, ttft(s))
 		}
-		longTTFT = append(longTTFT, l())
+		longTTFT = append(longTTFT, ttft(l))
 	}
 	b.ReportMetric(float64(measure.Percentile(short, 50).Milliseconds()), "short-p50-ms")
 	b.ReportMetric(float64(measure.Percentile(short, 100).Milliseconds()), "short-max-ms")

@@ -66,11 +66,17 @@ func ShortSuite(seed uint64) []Scenario {
 			Steady: true,
 			Doc:    "50ms ± 10ms on everything one node sends to its peers for 5s: slow, not dead",
 			Faults: []Fault{{At: time.Second, Kind: "delay", Node: 1, Amount: 50}, {At: 6 * time.Second, Kind: "heal"}}},
-		{Name: "slow-link", Nodes: 3, Netns: true, Workload: shortLoad(seed), MaxFailures: 0, NoResumes: true, MinAffinity: 3, MaxNearTies: 0.35,
-			Steady: true,
-			Doc:    "200ms ± 20ms on one link (node2 to node3) for 5s: slow, not dead",
-			Faults: []Fault{{At: time.Second, Kind: "slowlink", Node: 1, Peer: 2, Amount: 200}, {At: 6 * time.Second, Kind: "heal"}}},
+		slowLink(seed, 3, 3),
 	}
+}
+
+// slowLink puts 200ms ± 20ms on one link (node2 to node3) for 5s among nodes nodes, with
+// minAffinity conversations' affinity checked at least.
+func slowLink(seed uint64, nodes, minAffinity int) Scenario {
+	return Scenario{Name: "slow-link", Nodes: nodes, Netns: true, Workload: shortLoad(seed), MaxFailures: 0, NoResumes: true,
+		MinAffinity: minAffinity, MaxNearTies: 0.35, Steady: true,
+		Doc:    "200ms ± 20ms on one link (node2 to node3) for 5s: slow, not dead",
+		Faults: []Fault{{At: time.Second, Kind: "slowlink", Node: 1, Peer: 2, Amount: 200}, {At: 6 * time.Second, Kind: "heal"}}}
 }
 
 // slowNode holds one node to a quarter of a CPU for 10s, after 6s of the same load
@@ -144,9 +150,7 @@ func LongSuite(seed uint64) []Scenario {
 			}},
 		// Gray failures, each on its own: a slow node's detection and restoration are
 		// measured against a quiet cluster.
-		{Name: "slow-link", Nodes: 5, Netns: true, Workload: shortLoad(seed), NoResumes: true, MaxNearTies: 0.35, Steady: true,
-			Doc:    "200ms ± 20ms on one link (node2 to node3) for 5s: slow, not dead",
-			Faults: []Fault{{At: time.Second, Kind: "slowlink", Node: 1, Peer: 2, Amount: 200}, {At: 6 * time.Second, Kind: "heal"}}},
+		slowLink(seed, 5, 0),
 		slowNode(seed),
 	}
 }

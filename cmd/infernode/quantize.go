@@ -1,13 +1,13 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"runtime"
-	"slices"
 	"strings"
 
 	"github.com/infernode/infernode/session/llama"
@@ -44,12 +44,11 @@ func quantize(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	in, out := files[0], files[1]
-	if !slices.Contains(llama.QuantTypes(), strings.ToLower(*kind)) {
-		fmt.Fprintf(stderr, "infernode quantize: unknown type %q (want one of %s)\n", *kind, types)
-		return 2
-	}
 	fail := func(err error) int {
 		fmt.Fprintf(stderr, "infernode quantize: %v\n", err)
+		if errors.Is(err, llama.ErrQuantType) {
+			return 2
+		}
 		return 1
 	}
 	if _, err := os.Stat(in); err != nil {

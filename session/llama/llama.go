@@ -177,6 +177,9 @@ var quantTypes = map[string]C.enum_llama_ftype{
 	"q4_0":   C.LLAMA_FTYPE_MOSTLY_Q4_0,
 }
 
+// ErrQuantType: Quantize was asked for a type it does not write.
+var ErrQuantType = errors.New("quantize: unknown type")
+
 // QuantTypes are the names of the weight types Quantize writes, sorted.
 func QuantTypes() []string { return slices.Sorted(maps.Keys(quantTypes)) }
 
@@ -185,7 +188,7 @@ func QuantTypes() []string { return slices.Sorted(maps.Keys(quantTypes)) }
 func Quantize(in, out, kind string, threads int) error {
 	ftype, ok := quantTypes[strings.ToLower(kind)]
 	if !ok {
-		return fmt.Errorf("quantize: unknown type %q (want one of %s)", kind, strings.Join(QuantTypes(), ", "))
+		return fmt.Errorf("%w %q (want one of %s)", ErrQuantType, kind, strings.Join(QuantTypes(), ", "))
 	}
 	Init()
 	p := C.llama_model_quantize_default_params()

@@ -153,7 +153,8 @@ func TestDecodeGreedy(t *testing.T) {
 
 // TestQuantize: llama.cpp's quantizer writes the default model in Q8_0, Q4_0 and Q4_K_M,
 // the loader reads them as such, and their next-token logits follow the F32 model's: the
-// error through the whole network leaves them closely correlated (4 bits err more than 8). An unknown type is refused and writes nothing.
+// error through the whole network leaves them closely correlated (4 bits err more than
+// 8). An unknown type is refused and writes nothing.
 func TestQuantize(t *testing.T) {
 	src := testenv.Model(t)
 	logits := func(path string) ([]float32, string) {
