@@ -689,25 +689,34 @@ func (c *Cluster) checkWarm(rep *Report) {
 			leavesWarm, leaves, joinsWarm, joins, crashesWarm, crashes, firstN(cold, 5))})
 }
 
-// degradedFlips are spans around each moment a node's view of the cluster marked a
-// member degraded or restored it (see node/routing/gray.go): conversations may move then,
-// their KV handed over within a second or two.
-func degradedFlips(samples []RingSample) [][2]time.Time {
+// flip is a span around a moment a node's view of the cluster marked member degraded or
+// restored it (see node/routing/gray.go).
+type flip struct {
+	member   string
+	from, to time.Time
+}
+
+// degradedFlips are the spans around each such moment: the member's conversations may
+// move then, their KV handed over within a second or two. Only its own: a degraded member
+// goes after the other owners of its keys, which leaves every other key where it was.
+func degradedFlips(samples []RingSample) []flip {
 	type pair struct{ node, member string }
 	marked := map[pair]bool{}
-	var out [][2]time.Time
-	flip := func(at time.Time) { out = append(out, [2]time.Time{at.Add(-time.Second), at.Add(2 * time.Second)}) }
+	var out []flip
+	add := func(member string, at time.Time) {
+		out = append(out, flip{member, at.Add(-time.Second), at.Add(2 * time.Second)})
+	}
 	for _, rs := range samples { // in time order for each node
 		for _, id := range rs.Degraded {
 			if p := (pair{rs.Node, id}); !marked[p] {
 				marked[p] = true
-				flip(rs.Time)
+				add(id, rs.Time)
 			}
 		}
 		for p := range marked {
 			if p.node == rs.Node && !slices.Contains(rs.Degraded, p.member) {
 				delete(marked, p)
-				flip(rs.Time)
+				add(p.member, rs.Time)
 			}
 		}
 	}
@@ -739,11 +748,20 @@ func (c *Cluster) checkAffinity(rep *Report, s Scenario) {
 	}
 	// A node found slow (loss and delay make one so too) is degraded: it hands most of
 	// its conversations to their next owners, and takes them back once restored, some
-	// seconds after it recovered. Conversations move at those two moments.
-	unsettled = append(unsettled, degradedFlips(rep.Rings)...)
-	settled := func(from, to time.Time) bool {
+	// seconds after it recovered. Its conversations move at those two moments; one none of
+	// whose turns it served stays where it is.
+	flips := degradedFlips(rep.Rings)
+	overlaps := func(from, to, a, b time.Time) bool { return from.Before(b) && to.After(a) }
+	settled := func(rs []Record) bool {
+		from, to := rs[0].Start, rs[len(rs)-1].End
 		for _, u := range unsettled {
-			if from.Before(u[1]) && to.After(u[0]) {
+			if overlaps(from, to, u[0], u[1]) {
+				return false
+			}
+		}
+		for _, f := range flips {
+			served := slices.ContainsFunc(rs, func(r Record) bool { return r.Served == f.member })
+			if served && overlaps(from, to, f.from, f.to) {
 				return false
 			}
 		}
@@ -760,8 +778,7 @@ func (c *Cluster) checkAffinity(rep *Report, s Scenario) {
 		if len(rs) < 2 {
 			continue
 		}
-		first, last := rs[0].Start, rs[len(rs)-1].End
-		if !settled(first, last) || faulted(rep.Windows, rs[0].Served, first, last) {
+		if !settled(rs) || faulted(rep.Windows, rs[0].Served, rs[0].Start, rs[len(rs)-1].End) {
 			continue
 		}
 		rep.Affinity++

@@ -124,3 +124,40 @@ func TestTieAt(t *testing.T) {
 		}
 	}
 }
+
+// TestAffinityAroundDegraded: a member marked degraded unsettles only the conversations
+// it served; one that moved between two other nodes at that moment is still caught.
+func TestAffinityAroundDegraded(t *testing.T) {
+	t0 := time.Now()
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	turns := func(conv int, served ...string) []Record {
+		var rs []Record
+		for i, id := range served {
+			rs = append(rs, Record{Conv: conv, Turn: i, Kind: "ok", Served: id, Start: at(4 + float64(i)), End: at(4.5 + float64(i))})
+		}
+		return rs
+	}
+	rep := &Report{Started: t0,
+		// node1 marks node2 degraded at 5s; its conversations may move from 4s to 7s.
+		Rings: []RingSample{{Node: "node1", Time: at(3)}, {Node: "node1", Time: at(5), Degraded: []string{"node2"}}}}
+	for _, rs := range [][]Record{
+		turns(1, "node2", "node3"), // handed on: not checked
+		turns(2, "node1", "node1"), // kept: checked
+		turns(3, "node3", "node3"), // kept: checked
+		turns(4, "node3", "node2"), // taken back: not checked
+	} {
+		rep.Records = append(rep.Records, rs...)
+	}
+	var c Cluster
+	c.checkAffinity(rep, Scenario{MinAffinity: 2})
+	if ch := rep.Checks[len(rep.Checks)-1]; !ch.Pass || rep.Affinity != 2 {
+		t.Errorf("conversations of the degraded member only: %d checked, %+v; want 2, pass", rep.Affinity, ch)
+	}
+
+	rep.Checks, rep.Affinity = nil, 0
+	rep.Records = append(rep.Records, turns(5, "node1", "node3")...) // moved between two others
+	c.checkAffinity(rep, Scenario{MinAffinity: 2})
+	if ch := rep.Checks[len(rep.Checks)-1]; ch.Pass || rep.AffinityBad != 1 {
+		t.Errorf("conv 5 moved from node1 to node3 while node2 was marked: %d bad, %+v; want 1, fail", rep.AffinityBad, ch)
+	}
+}
