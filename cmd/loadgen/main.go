@@ -29,7 +29,7 @@ import (
 
 type result struct {
 	start, first, end time.Time
-	tokens            int
+	tokens, prompt    int         // completion and prompt tokens, from the usage chunk
 	events            []time.Time // arrival of each text event
 	gaps              []time.Duration
 	err               error
@@ -75,7 +75,11 @@ func main() {
 			decodeTok += t
 			decodeSec += s
 		}
-		out = append(out, summarize(n, all, decodeTok/decodeSec))
+		var decode float64
+		if decodeSec > 0 { // none when each request is one token
+			decode = decodeTok / decodeSec
+		}
+		out = append(out, summarize(n, all, decode))
 	}
 	if *asJSON {
 		json.NewEncoder(os.Stdout).Encode(out)
@@ -152,6 +156,7 @@ func stream(client *http.Client, url, key, model, prompt string, maxTokens int, 
 		var chunk struct {
 			Choices []struct{ Delta struct{ Content string } }
 			Usage   *struct {
+				PromptTokens     int `json:"prompt_tokens"`
 				CompletionTokens int `json:"completion_tokens"`
 			}
 			Error *struct{ Message string }
@@ -165,7 +170,7 @@ func stream(client *http.Client, url, key, model, prompt string, maxTokens int, 
 			return res
 		}
 		if chunk.Usage != nil {
-			res.tokens = chunk.Usage.CompletionTokens
+			res.tokens, res.prompt = chunk.Usage.CompletionTokens, chunk.Usage.PromptTokens
 		}
 		if len(chunk.Choices) > 0 && chunk.Choices[0].Delta.Content != "" {
 			now := time.Now()
@@ -196,6 +201,7 @@ func summarize(n int, rs []result, decode float64) measure.Level {
 		ttft = append(ttft, r.first.Sub(r.start))
 		gaps = append(gaps, r.gaps...)
 		l.TotalTokens += r.tokens
+		l.PromptTokens += r.prompt
 		if first.IsZero() || r.start.Before(first) {
 			first = r.start
 		}
