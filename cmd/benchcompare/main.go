@@ -91,9 +91,9 @@ func run(infernodeBin, ollamaBin, loadgen, model string, rounds, parallel int, e
 
 	// The load: streaming chat, a 32-word prompt, 64 tokens, greedy, closed loop;
 	// 6 requests at 1 stream and 24 at 8, a warm-up first.
-	// Then the first-wave floor: how fast each server prefills, from 3 lone prompts of 256
-	// words and one token each.
-	type cell struct{ one, eight, prefill measure.Level }
+	// Then the first wave's floor: the same waves of 8 with one token each, so that the last
+	// first token of a wave is the time to prefill it with nothing else to do.
+	type cell struct{ one, eight, wave measure.Level }
 	results := map[string][]cell{}
 	for _, s := range []*server{inf, oll} {
 		if _, err := loadRun(loadgen, s, 1, 1, 64, 32); err != nil {
@@ -107,7 +107,7 @@ func run(infernodeBin, ollamaBin, loadgen, model string, rounds, parallel int, e
 			for _, run := range []struct {
 				l                        *measure.Level
 				n, rounds, tokens, words int
-			}{{&c.one, 1, 6, 64, 32}, {&c.eight, 8, 3, 64, 32}, {&c.prefill, 1, 3, 1, 256}} {
+			}{{&c.one, 1, 6, 64, 32}, {&c.eight, 8, 3, 64, 32}, {&c.wave, 8, 3, 1, 32}} {
 				if *run.l, err = loadRun(loadgen, s, run.n, run.rounds, run.tokens, run.words); err != nil {
 					return err
 				}
@@ -149,40 +149,21 @@ func run(infernodeBin, ollamaBin, loadgen, model string, rounds, parallel int, e
 		return err
 	}
 
-	// The first wave's floor. A wave is 8 prompts arriving at once (loadgen's rounds): the
-	// last first token cannot come before all of them are prefilled, and with equal prompts
-	// the k-th no sooner than k/8 of that, so the median (of 1..8) no sooner than 9/16 of
-	// it, whatever the order.
+	// The first wave's floor. A wave is 8 prompts arriving at once (loadgen's rounds): its
+	// last first token cannot come before the wave is prefilled, and with equal prompts the
+	// k-th no sooner than k/8 of that, whatever the order, so the median (of 1..8) no sooner
+	// than 9/16 of it. The prefill time is the faster server's, waves of one token each.
 	fmt.Println()
 	w = tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(w, "server\tprefill tok/s\ta wave's prompt tokens\tfloor of TTFT p50, 8\tTTFT p50, 8\tfloor of TTFT p99, 8\tTTFT p99, 8\t")
-	for _, s := range []*server{inf, oll} {
-		var cols [6][]string
-		for _, c := range results[s.name] {
-			rate, wave := prefillRate(c.prefill), float64(c.eight.PromptTokens)/float64(max(1, c.eight.Requests))*8
-			floor := 1000 * wave / rate
-			cols[0] = append(cols[0], fmt.Sprintf("%.0f", rate))
-			cols[1] = append(cols[1], fmt.Sprintf("%.0f", wave))
-			cols[2] = append(cols[2], fmt.Sprintf("%.0f ms", floor*9/16))
-			cols[3] = append(cols[3], fmt.Sprintf("%.0f ms", c.eight.TTFTp50ms))
-			cols[4] = append(cols[4], fmt.Sprintf("%.0f ms", floor))
-			cols[5] = append(cols[5], fmt.Sprintf("%.0f ms", c.eight.TTFTp99ms))
-		}
-		fmt.Fprintf(w, "%s\t", s.name)
-		for _, c := range cols {
-			fmt.Fprintf(w, "%s\t", strings.Join(c, " / "))
-		}
-		fmt.Fprintln(w)
+	fmt.Fprintln(w, "\ta wave prefilled alone\tfloor of TTFT p50, 8\tinfernode TTFT p50, 8\tfloor of TTFT p99, 8\tinfernode TTFT p99, 8\t")
+	for r := range rounds {
+		a, b := results[inf.name][r], results[oll.name][r]
+		floor := min(a.wave.TTFTp99ms, b.wave.TTFTp99ms)
+		fmt.Fprintf(w, "round %d\t%.0f ms (infernode) / %.0f ms (ollama)\t%.0f ms = %.2fx ollama's\t%.2fx\t%.0f ms = %.2fx ollama's\t%.2fx\t\n", r+1,
+			a.wave.TTFTp99ms, b.wave.TTFTp99ms, floor*9/16, floor*9/16/b.eight.TTFTp50ms, a.eight.TTFTp50ms/b.eight.TTFTp50ms,
+			floor, floor/b.eight.TTFTp99ms, a.eight.TTFTp99ms/b.eight.TTFTp99ms)
 	}
 	return w.Flush()
-}
-
-// prefillRate is prompt tokens a second over time to first token, of one-token requests.
-func prefillRate(l measure.Level) float64 {
-	if l.TTFTp50ms == 0 || l.Requests == 0 {
-		return 0
-	}
-	return float64(l.PromptTokens) / float64(l.Requests) / (l.TTFTp50ms / 1000)
 }
 
 // wallRate is tokens over wall time: prefill and time to first token included.
