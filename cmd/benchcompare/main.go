@@ -39,14 +39,15 @@ func main() {
 	rounds := flag.Int("rounds", 2, "rounds, alternating the servers in each")
 	parallel := flag.Int("parallel", 8, "sequences each server runs at once (ollama: OLLAMA_NUM_PARALLEL)")
 	extra := flag.String("infernode-args", "", "more infernode flags, space-separated (to compare settings)")
+	temperature := flag.Float64("temperature", 0, "sampling temperature of every request (0: greedy)")
 	flag.Parse()
-	if err := run(*infernode, *ollama, *loadgen, *model, *rounds, *parallel, strings.Fields(*extra)); err != nil {
+	if err := run(*infernode, *ollama, *loadgen, *model, *rounds, *parallel, *temperature, strings.Fields(*extra)); err != nil {
 		fmt.Fprintln(os.Stderr, "benchcompare:", err)
 		os.Exit(1)
 	}
 }
 
-func run(infernodeBin, ollamaBin, loadgen, model string, rounds, parallel int, extra []string) error {
+func run(infernodeBin, ollamaBin, loadgen, model string, rounds, parallel int, temperature float64, extra []string) error {
 	model, err := filepath.Abs(model)
 	if err != nil {
 		return err
@@ -89,14 +90,15 @@ func run(infernodeBin, ollamaBin, loadgen, model string, rounds, parallel int, e
 		return fmt.Errorf("ollama create: %w: %s", err, out)
 	}
 
-	// The load: streaming chat, a 32-word prompt, 64 tokens, greedy, closed loop;
-	// 6 requests at 1 stream and 24 at 8, a warm-up first.
+	// The load: streaming chat, a 32-word prompt, 64 tokens, greedy (or at
+	// --temperature); 6 requests one at a time, and 3 waves of 8 at once (loadgen's rounds),
+	// a warm-up first.
 	// Then the first wave's floor: the same waves of 8 with one token each, so that the last
 	// first token of a wave is the time to prefill it with nothing else to do.
 	type cell struct{ one, eight, wave measure.Level }
 	results := map[string][]cell{}
 	for _, s := range []*server{inf, oll} {
-		if _, err := loadRun(loadgen, s, 1, 1, 64, 32); err != nil {
+		if _, err := loadRun(loadgen, s, temperature, 1, 1, 64, 32); err != nil {
 			return fmt.Errorf("warm-up of %s: %w", s.name, err)
 		}
 	}
@@ -108,7 +110,7 @@ func run(infernodeBin, ollamaBin, loadgen, model string, rounds, parallel int, e
 				l                        *measure.Level
 				n, rounds, tokens, words int
 			}{{&c.one, 1, 6, 64, 32}, {&c.eight, 8, 3, 64, 32}, {&c.wave, 8, 3, 1, 32}} {
-				if *run.l, err = loadRun(loadgen, s, run.n, run.rounds, run.tokens, run.words); err != nil {
+				if *run.l, err = loadRun(loadgen, s, temperature, run.n, run.rounds, run.tokens, run.words); err != nil {
 					return err
 				}
 			}
@@ -176,9 +178,9 @@ func wallRate(l measure.Level) float64 {
 
 // loadRun runs loadgen against s: rounds rounds of n concurrent streams of tokens tokens
 // after a prompt of words words.
-func loadRun(loadgen string, s *server, n, rounds, tokens, words int) (measure.Level, error) {
+func loadRun(loadgen string, s *server, temperature float64, n, rounds, tokens, words int) (measure.Level, error) {
 	args := []string{"--url", s.url, "--concurrency", fmt.Sprint(n), "--rounds", fmt.Sprint(rounds),
-		"--max-tokens", fmt.Sprint(tokens), "--prompt-words", fmt.Sprint(words), "--json"}
+		"--max-tokens", fmt.Sprint(tokens), "--prompt-words", fmt.Sprint(words), "--temperature", fmt.Sprint(temperature), "--json"}
 	if s.model != "" {
 		args = append(args, "--model", s.model)
 	}

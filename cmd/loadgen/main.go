@@ -43,6 +43,7 @@ func main() {
 	rounds := flag.Int("rounds", 5, "rounds per concurrency level")
 	maxTokens := flag.Int("max-tokens", 64, "tokens to generate per request")
 	promptWords := flag.Int("prompt-words", 16, "words in each request's user message")
+	temperature := flag.Float64("temperature", 0.8, "sampling temperature (0: greedy)")
 	asJSON := flag.Bool("json", false, "print JSON instead of a table")
 	flag.Parse()
 
@@ -65,7 +66,7 @@ func main() {
 		var all []result
 		var decodeTok, decodeSec float64
 		for r := range *rounds {
-			res := round(client, *url, *apiKey, *model, n, r, *maxTokens, *promptWords)
+			res := round(client, *url, *apiKey, *model, n, r, *maxTokens, *promptWords, *temperature)
 			all = append(all, res...)
 			var events [][]time.Time
 			for _, x := range res {
@@ -110,23 +111,23 @@ func firstModel(client *http.Client, url, key string) (string, error) {
 }
 
 // round runs n requests at once, each its own conversation.
-func round(client *http.Client, url, key, model string, n, r, maxTokens, words int) []result {
+func round(client *http.Client, url, key, model string, n, r, maxTokens, words int, temperature float64) []result {
 	out := make([]result, n)
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Go(func() {
 			prompt := fmt.Sprintf("round %d request %d: %s", r, i, strings.Repeat("tell me about the river ", max(1, words/5)))
-			out[i] = stream(client, url, key, model, prompt, maxTokens, int64(r*1000+i))
+			out[i] = stream(client, url, key, model, prompt, maxTokens, int64(r*1000+i), temperature)
 		})
 	}
 	wg.Wait()
 	return out
 }
 
-func stream(client *http.Client, url, key, model, prompt string, maxTokens int, seed int64) result {
+func stream(client *http.Client, url, key, model, prompt string, maxTokens int, seed int64, temperature float64) result {
 	body, _ := json.Marshal(map[string]any{
 		"model": model, "messages": []map[string]string{{"role": "user", "content": prompt}},
-		"max_tokens": maxTokens, "stream": true, "seed": seed, "temperature": 0.8,
+		"max_tokens": maxTokens, "stream": true, "seed": seed, "temperature": temperature,
 		"stream_options": map[string]bool{"include_usage": true},
 	})
 	res := result{start: time.Now()}
