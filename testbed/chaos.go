@@ -742,8 +742,15 @@ func (c *Cluster) checkAffinity(rep *Report, s Scenario) {
 	}
 	for _, w := range rep.Windows {
 		switch w.Kind {
-		case "loss", "bandwidth", "delay", "oneway", "halves", "slowlink", "cpu":
+		case "loss", "oneway", "halves":
 			unsettled = append(unsettled, [2]time.Time{w.From, w.To}) // rings may flap throughout
+		case "bandwidth", "delay", "slowlink", "cpu":
+			// So may they on a slow network, unless the scenario holds that none lost a
+			// member (checkSteady); then only the slow nodes' own conversations (faulted,
+			// below) and a degraded member's (flips) are left out.
+			if !s.Steady {
+				unsettled = append(unsettled, [2]time.Time{w.From, w.To})
+			}
 		}
 	}
 	// A node found slow (loss and delay make one so too) is degraded: it hands most of

@@ -160,4 +160,15 @@ func TestAffinityAroundDegraded(t *testing.T) {
 	if ch := rep.Checks[len(rep.Checks)-1]; ch.Pass || rep.AffinityBad != 1 {
 		t.Errorf("conv 5 moved from node1 to node3 while node2 was marked: %d bad, %+v; want 1, fail", rep.AffinityBad, ch)
 	}
+
+	// A slow link between node2 and node3 over the same time: in a scenario that holds every
+	// ring whole (Steady) it leaves node1's conversations checked; otherwise none.
+	rep.Windows = []Window{{Node: "node2", Kind: "slowlink", From: at(3.5), To: at(6)}, {Node: "node3", Kind: "slowlink", From: at(3.5), To: at(6)}}
+	for _, steady := range []bool{true, false} {
+		rep.Checks, rep.Affinity, rep.AffinityBad = nil, 0, 0
+		c.checkAffinity(rep, Scenario{Steady: steady})
+		if want := map[bool]int{true: 2, false: 0}[steady]; rep.Affinity != want { // conv 2 and conv 5
+			t.Errorf("slow link, steady %v: %d conversations checked, want %d", steady, rep.Affinity, want)
+		}
+	}
 }

@@ -62,7 +62,7 @@ func ShortSuite(seed uint64) []Scenario {
 			Faults: []Fault{{At: time.Second, Kind: "loss", Node: 1, Amount: 20}, {At: 4 * time.Second, Kind: "heal", Node: 1}}},
 		// A node 50ms away is slow: degraded, it hands most of its conversations on, and
 		// takes them back once restored; affinity is checked outside those moments.
-		{Name: "delay", Nodes: 3, Netns: true, Workload: shortLoad(seed), MaxFailures: 0, NoResumes: true, MaxNearTies: 0.35,
+		{Name: "delay", Nodes: 3, Netns: true, Workload: shortLoad(seed), MaxFailures: 0, NoResumes: true, MinAffinity: 3, MaxNearTies: 0.35,
 			Steady: true,
 			Doc:    "50ms ± 10ms on everything one node sends to its peers for 5s: slow, not dead",
 			Faults: []Fault{{At: time.Second, Kind: "delay", Node: 1, Amount: 50}, {At: 6 * time.Second, Kind: "heal"}}},
@@ -89,7 +89,7 @@ func slowNode(seed uint64) Scenario {
 	// Streamed: every answer times its first token. 14s after the heal: a restored node
 	// gets its share back only then, and its samples come slowly meanwhile.
 	w.Duration, w.StreamShare = 30*time.Second, 1
-	return Scenario{Name: "slow-node", Nodes: 3, Workload: w, MaxFailures: 0, NoResumes: true, MaxNearTies: 0.35, Steady: true,
+	return Scenario{Name: "slow-node", Nodes: 3, Workload: w, MaxFailures: 0, NoResumes: true, MinAffinity: 10, MaxNearTies: 0.35, Steady: true,
 		Doc:    "one node at 25% of a CPU for 10s: it answers, slowly; it is marked degraded, keeps a quarter of its conversations, and is restored",
 		Faults: []Fault{{At: 6 * time.Second, Kind: "cpu", Node: 1, Amount: 25}, {At: 16 * time.Second, Kind: "heal"}},
 		// Detection took 2.0-4.3s in most runs and up to 10s in some (a throttled node
@@ -150,7 +150,7 @@ func LongSuite(seed uint64) []Scenario {
 			}},
 		// Gray failures, each on its own: a slow node's detection and restoration are
 		// measured against a quiet cluster.
-		slowLink(seed, 5, 0),
+		slowLink(seed, 5, 3),
 		slowNode(seed),
 	}
 }
