@@ -75,6 +75,7 @@ func newMetrics(stats func() infer.Stats) *metrics {
 		gauge("infernode_kv_cells_total", "KV cache cells.", func(s infer.Stats) float64 { return float64(s.KVCells) }),
 		counter("infernode_prompt_tokens_total", "Prompt tokens of admitted requests.", func(s infer.Stats) float64 { return float64(s.PromptTokens) }),
 		counter("infernode_reused_prefix_tokens_total", "Prompt tokens served from a conversation's KV cache instead of prefilled.", func(s infer.Stats) float64 { return float64(s.ReusedTokens) }),
+		counter("infernode_shared_prefix_tokens_total", "Prompt tokens served from the KV cells of another conversation that began the same way (a system prompt, a shared document) instead of prefilled.", func(s infer.Stats) float64 { return float64(s.SharedTokens) }),
 		counter("infernode_generated_tokens_total", "Generated tokens.", func(s infer.Stats) float64 { return float64(s.Generated) }),
 		counter("infernode_evictions_total", "Idle conversations evicted to make room.", func(s infer.Stats) float64 { return float64(s.Evictions) }),
 		counter("infernode_engine_refused_total", "Requests the engine refused as overloaded.", func(s infer.Stats) float64 { return float64(s.Refused) }),

@@ -363,3 +363,30 @@ func BenchmarkShortBehindLong(b *testing.B) {
 	b.ReportMetric(float64(measure.Percentile(longTTFT, 50).Milliseconds()), "long-ms")
 	b.ReportMetric(0, "ns/op")
 }
+
+// BenchmarkSharedPrefix: the first token of a conversation that begins with a
+// 1,000-token system prompt another conversation here began with (its cells shared),
+// against one whose system prompt is new to the node (prefilled in full).
+func BenchmarkSharedPrefix(b *testing.B) {
+	e := benchEngine(b, nil)
+	ask := func(system, conv, question string) time.Duration {
+		prompt := "<|im_start|>system\n" + system + "<|im_end|>\n<|im_start|>user\n" + question + "<|im_end|>\n<|im_start|>assistant\n"
+		s, err := e.Submit(context.Background(), Request{SessionID: conv, Prompt: prompt, MaxTokens: 1, Sampling: Greedy()})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, _, err := s.Collect(); err != nil {
+			b.Fatal(err)
+		}
+		return s.Result().FirstToken
+	}
+	var cold, shared []time.Duration
+	for i := 0; b.Loop(); i++ {
+		system := fmt.Sprintf("%d: %s", i, strings.Repeat("you answer questions about the quiet river and the old stone bridge ", 75))
+		cold = append(cold, ask(system, fmt.Sprintf("a%d", i), "where does the river run"))
+		shared = append(shared, ask(system, fmt.Sprintf("b%d", i), "what lives in the river"))
+	}
+	b.ReportMetric(float64(measure.Percentile(cold, 50).Milliseconds()), "new-prefix-ms")
+	b.ReportMetric(float64(measure.Percentile(shared, 50).Milliseconds()), "shared-prefix-ms")
+	b.ReportMetric(0, "ns/op")
+}

@@ -120,7 +120,7 @@ func TestPrefixReuseMatchesCold(t *testing.T) {
 	}
 	turn2 := turn1 + answer + "<|im_end|>\n<|im_start|>user\nand then what<|im_end|>\n<|im_start|>assistant\n"
 	warm, res2 := generate(t, e, greedy("conv", turn2, 16))
-	cold, res3 := generate(t, e, greedy("other", turn2, 16))
+	cold, res3 := generate(t, startEngine(t, nil), greedy("other", turn2, 16)) // nothing to share there
 	if res2.CachedTokens < res1.PromptTokens-1 {
 		t.Errorf("second turn reused %d tokens, want at least the first prompt's %d", res2.CachedTokens, res1.PromptTokens-1)
 	}
@@ -131,9 +131,37 @@ func TestPrefixReuseMatchesCold(t *testing.T) {
 		t.Errorf("second turn from cache = %q, cold = %q", warm, cold)
 	}
 	// The same prompt again: everything but the last token comes from cache.
-	_, res4 := generate(t, e, greedy("other", turn2, 1))
+	_, res4 := generate(t, e, greedy("conv", turn2, 1))
 	if res4.CachedTokens != res4.PromptTokens-1 {
 		t.Errorf("repeat reused %d of %d tokens, want all but one", res4.CachedTokens, res4.PromptTokens)
+	}
+}
+
+// TestSharedPrefix: a conversation that begins as another did (a system prompt) prefills
+// only what differs, on the other's cells, and answers exactly as from nothing; its own
+// cache stays its own.
+func TestSharedPrefix(t *testing.T) {
+	e := startEngine(t, nil)
+	system := "<|im_start|>system\n" + strings.Repeat("you answer questions about the quiet river ", 12) + "<|im_end|>\n"
+	ask := func(q string) string { return system + "<|im_start|>user\n" + q + "<|im_end|>\n<|im_start|>assistant\n" }
+	generate(t, e, greedy("a", ask("where does it run"), 8))
+
+	before := e.Stats().SharedTokens
+	got, res := generate(t, e, greedy("b", ask("what lives in it"), 16))
+	shared := int(e.Stats().SharedTokens - before)
+	prefix, _ := e.model.Tokenize(system+"<|im_start|>user\n", true, true)
+	if shared < len(prefix) || shared >= res.PromptTokens || res.CachedTokens != 0 {
+		t.Errorf("b shared %d of %d prompt tokens (cached %d), want at least the %d of the system prompt and not all, none cached",
+			shared, res.PromptTokens, res.CachedTokens, len(prefix))
+	}
+	want, _ := generate(t, startEngine(t, nil), greedy("b", ask("what lives in it"), 16))
+	if got != want {
+		t.Errorf("on a shared prefix: %q, from nothing: %q", got, want)
+	}
+	// a's cells are its own still: its next turn finds them, and b's do not count.
+	_, again := generate(t, e, greedy("a", ask("where does it run"), 1))
+	if again.CachedTokens != again.PromptTokens-1 {
+		t.Errorf("a's repeat found %d of %d tokens in its own cache, want all but one", again.CachedTokens, again.PromptTokens)
 	}
 }
 

@@ -178,7 +178,7 @@ func (e *Engine) install(key string, tokens []int32, state []byte, replica bool)
 		target.replica = target.replica && replica
 		return nil
 	}
-	evict, ok := e.roomFor(target, len(tokens))
+	evict, ok := e.roomFor(target, len(tokens), nil)
 	if !ok {
 		return fmt.Errorf("%w: no room for %d cells", ErrOverloaded, len(tokens))
 	}

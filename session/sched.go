@@ -41,13 +41,19 @@ func (e *Engine) admit(stats *Stats) {
 	}
 }
 
-// placement is where a request will run: its slot, how many of its prompt tokens the slot
-// already holds, and which idle conversations must be evicted to make room.
+// placement is where a request will run: its slot, how many of its prompt tokens it finds
+// in the KV cache (its conversation's, or from, another conversation's with the same
+// beginning), and which idle conversations must be evicted to make room.
 type placement struct {
 	slot  *slot
 	reuse int
+	from  *slot // shares its first reuse cells, when not nil
 	evict []*slot
 }
+
+// minSharedPrefix is the shortest beginning another conversation's cells are shared for:
+// a system prompt, a few-shot preamble, a document several questions are asked about.
+const minSharedPrefix = 32
 
 // place finds room for j without changing anything. Preference: the conversation's own
 // idle slot, then an empty slot, then the least recently used idle one. With a unified KV
@@ -64,9 +70,34 @@ func (e *Engine) place(j *job) (placement, bool) {
 		// The last prompt token is always decoded again: its logits start generation.
 		p.reuse = min(p.reuse, len(j.prompt)-1)
 	}
+	if from, n := e.sharedPrefix(j.prompt, p.slot); n > p.reuse {
+		p.from, p.reuse = from, n
+	}
 	var ok bool
-	p.evict, ok = e.roomFor(p.slot, e.firstClaim(j))
+	p.evict, ok = e.roomFor(p.slot, e.firstClaim(j), p.from)
 	return p, ok
+}
+
+// sharedPrefix is the slot, other than target, whose cells hold the longest beginning of
+// prompt, and how many tokens of it serve (the last prompt token is decoded again), when
+// at least minSharedPrefix. In a unified pool the cells are shared, not copied
+// (llama.cpp's seq_cp marks them as the other sequence's too), so a request whose
+// beginning another conversation holds, idle or running, prefills only the rest.
+func (e *Engine) sharedPrefix(prompt []int32, target *slot) (*slot, int) {
+	if !e.cfg.UnifiedKV {
+		return nil, 0
+	}
+	var best *slot
+	n := 0
+	for _, s := range e.slots {
+		if k := commonPrefix(s.tokens, prompt); s != target && k > n {
+			best, n = s, k
+		}
+	}
+	if n = min(n, len(prompt)-1); n < minSharedPrefix {
+		return nil, 0
+	}
+	return best, n
 }
 
 // slotFor is the slot a conversation's request or import goes to: the conversation's own
@@ -96,12 +127,12 @@ func (e *Engine) slotFor(key string) *slot {
 // (whose own tokens go) can hold cells in a unified pool; ok is false when evicting every
 // idle conversation would not make room. Without a unified pool each sequence has its own
 // partition, which a request's token limit and an import's tokens fit.
-func (e *Engine) roomFor(target *slot, cells int) (evict []*slot, ok bool) {
+func (e *Engine) roomFor(target *slot, cells int, keep *slot) (evict []*slot, ok bool) {
 	if !e.cfg.UnifiedKV {
 		return nil, true
 	}
 	used := e.claimed() - len(target.tokens)
-	exclude := []*slot{target}
+	exclude := []*slot{target, keep}
 	for used+cells > e.cells {
 		victim := e.lru(exclude)
 		if victim == nil {
@@ -191,9 +222,19 @@ func (e *Engine) start(j *job, p placement, stats *Stats) {
 		stats.Evictions++
 	}
 	s := p.slot
-	if s.key != j.req.SessionID && len(s.tokens) > 0 {
+	switch {
+	case s.key != j.req.SessionID && len(s.tokens) > 0:
 		e.drop(s)
 		stats.Evictions++
+	case p.from != nil && len(s.tokens) > 0:
+		e.drop(s) // its own turn's cells hold less than another conversation's
+	}
+	cached := p.reuse // from the conversation's own cache
+	if p.from != nil {
+		e.lctx.SeqCopy(p.from.seq, s.seq, p.reuse)
+		s.tokens = append(s.tokens[:0], p.from.tokens[:p.reuse]...)
+		cached = 0
+		stats.SharedTokens += uint64(p.reuse)
 	}
 	if p.reuse < len(s.tokens) {
 		e.lctx.SeqRemove(s.seq, p.reuse, -1)
@@ -217,13 +258,13 @@ func (e *Engine) start(j *job, p placement, stats *Stats) {
 	for _, tok := range j.prompt[max(0, len(j.prompt)-lastN):] {
 		j.sampler.Accept(tok)
 	}
-	j.slot, j.cached, j.pending, j.claim = s, p.reuse, j.prompt[p.reuse:], e.firstClaim(j)
+	j.slot, j.cached, j.pending, j.claim = s, cached, j.prompt[p.reuse:], e.firstClaim(j)
 	j.filter = newTextFilter(j.req.Stop)
 	j.admitted, j.since = time.Now(), e.tick
-	j.stream.admit(len(j.prompt), p.reuse)
+	j.stream.admit(len(j.prompt), cached)
 	e.jobs = append(e.jobs, j)
 	stats.PromptTokens += uint64(len(j.prompt))
-	stats.ReusedTokens += uint64(p.reuse)
+	stats.ReusedTokens += uint64(cached)
 	e.log.Debug("request admitted", "session", j.req.SessionID, "seq", s.seq, "prompt", len(j.prompt),
 		"reused", p.reuse, "max_tokens", j.maxTokens, "evicted", len(p.evict))
 }

@@ -167,6 +167,37 @@ func TestConversationAffinity(t *testing.T) {
 	}
 }
 
+// TestSharedSystemPrompt: through the real binary, a conversation that begins with the
+// system prompt of another served on the same node prefills only the rest (the node's
+// shared-prefix counter grows by at least the system prompt), reports none of it as its
+// own cache, and answers as a node that never saw the other conversation does.
+func TestSharedSystemPrompt(t *testing.T) {
+	system := strings.Repeat("you answer questions about the quiet river and the old stone bridge ", 10)
+	ask := func(q string) []message { return []message{{"system", system}, {"user", q}} }
+	c := startCluster(t, 1)
+	n := c.Nodes[0]
+	if a := chat(t, n.URL(), ask("where does the river run"), 8); a.status != 200 {
+		t.Fatalf("first conversation: status %d", a.status)
+	}
+	before, err := c.Metric(n, "infernode_shared_prefix_tokens_total")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := chat(t, n.URL(), ask("what lives in the river"), 16)
+	after, err := c.Metric(n, "infernode_shared_prefix_tokens_total")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if shared := int(after - before); got.status != 200 || got.cached != 0 || shared < 64 || shared >= got.prompt {
+		t.Errorf("second conversation: status %d, %d of %d prompt tokens shared, %d cached; want 200, at least 64 shared and not all, none cached",
+			got.status, shared, got.prompt, got.cached)
+	}
+	fresh := startCluster(t, 1)
+	if want := chat(t, fresh.Nodes[0].URL(), ask("what lives in the river"), 16); want.text != got.text {
+		t.Errorf("on a shared system prompt: %q; on a node that never saw it: %q", got.text, want.text)
+	}
+}
+
 // streamChat streams a greedy completion and returns its text, the node that served it
 // first, and how many resume markers it carried; kill, if set, runs once after the first
 // `after` events.

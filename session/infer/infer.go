@@ -254,7 +254,8 @@ type Stats struct {
 	KVCells        int // cells in the KV cache
 	KVUsed         int // cells holding tokens, as llama.cpp reports
 	PromptTokens   uint64
-	ReusedTokens   uint64 // prompt tokens served from cache instead of prefilled
+	ReusedTokens   uint64 // prompt tokens served from the conversation's cache instead of prefilled
+	SharedTokens   uint64 // prompt tokens whose cells another conversation with the same beginning held
 	Generated      uint64
 	Evictions      uint64 // idle conversations evicted to make room
 	Canceled       uint64 // requests ended by their context

@@ -441,6 +441,12 @@ func (c *Context) SeqRemove(seq, from, to int) bool {
 	return bool(C.llama_memory_seq_rm(c.mem, C.llama_seq_id(seq), C.llama_pos(from), C.llama_pos(to)))
 }
 
+// SeqCopy makes the cells of src at positions [0, n) dst's too. In a unified pool the
+// cells are shared, not copied: dst then decodes from position n on.
+func (c *Context) SeqCopy(src, dst, n int) {
+	C.llama_memory_seq_cp(c.mem, C.llama_seq_id(src), C.llama_seq_id(dst), 0, C.llama_pos(n))
+}
+
 // SeqPosMax is the largest position a sequence holds in the KV cache, or -1 when it holds none.
 func (c *Context) SeqPosMax(seq int) int {
 	return int(C.llama_memory_seq_pos_max(c.mem, C.llama_seq_id(seq)))
