@@ -143,7 +143,9 @@ func TestPrefixReuseMatchesCold(t *testing.T) {
 func TestSharedPrefix(t *testing.T) {
 	e := startEngine(t, nil)
 	system := "<|im_start|>system\n" + strings.Repeat("you answer questions about the quiet river ", 12) + "<|im_end|>\n"
-	ask := func(q string) string { return system + "<|im_start|>user\n" + q + "<|im_end|>\n<|im_start|>assistant\n" }
+	ask := func(q string) string {
+		return system + "<|im_start|>user\n" + q + "<|im_end|>\n<|im_start|>assistant\n"
+	}
 	generate(t, e, greedy("a", ask("where does it run"), 8))
 
 	before := e.Stats().SharedTokens
