@@ -390,3 +390,38 @@ func BenchmarkSharedPrefix(b *testing.B) {
 	b.ReportMetric(float64(measure.Percentile(shared, 50).Milliseconds()), "shared-prefix-ms")
 	b.ReportMetric(0, "ns/op")
 }
+
+// BenchmarkSharedPrefixBurst: 8 conversations arrive at once, each with a 400-token system
+// prompt, one system prompt for all of them or a different one each: the time until the
+// last of them has its first token.
+func BenchmarkSharedPrefixBurst(b *testing.B) {
+	e := benchEngine(b, nil)
+	burst := func(system func(k int) string, i int) time.Duration {
+		var streams []*Stream
+		for k := range 8 {
+			prompt := "<|im_start|>system\n" + system(k) + "<|im_end|>\n<|im_start|>user\nquestion " + strconv.Itoa(k) + "<|im_end|>\n<|im_start|>assistant\n"
+			s, err := e.Submit(context.Background(), Request{SessionID: fmt.Sprint(i, "-", k), Prompt: prompt, MaxTokens: 1, Sampling: Greedy()})
+			if err != nil {
+				b.Fatal(err)
+			}
+			streams = append(streams, s)
+		}
+		var last time.Duration
+		for _, s := range streams {
+			if _, _, err := s.Collect(); err != nil {
+				b.Fatal(err)
+			}
+			last = max(last, s.Result().FirstToken)
+		}
+		return last
+	}
+	text := strings.Repeat("you answer questions about the quiet river and the old stone bridge ", 30)
+	var one, each []time.Duration
+	for i := 0; b.Loop(); i++ {
+		one = append(one, burst(func(int) string { return fmt.Sprintf("%d: %s", i, text) }, i))
+		each = append(each, burst(func(k int) string { return fmt.Sprintf("%d.%d: %s", i, k, text) }, i))
+	}
+	b.ReportMetric(float64(measure.Percentile(one, 50).Milliseconds()), "one-prompt-ms")
+	b.ReportMetric(float64(measure.Percentile(each, 50).Milliseconds()), "prompt-each-ms")
+	b.ReportMetric(0, "ns/op")
+}

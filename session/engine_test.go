@@ -167,6 +167,49 @@ func TestSharedPrefix(t *testing.T) {
 	}
 }
 
+// TestSharedPrefixBurst: requests with one system prompt that arrive together prefill it
+// once (a step of 64 tokens at a time: one of them prefills, the others take its cells),
+// and each answers exactly as it does alone.
+func TestSharedPrefixBurst(t *testing.T) {
+	system := "<|im_start|>system\n" + strings.Repeat("you answer questions about the quiet river ", 24) + "<|im_end|>\n"
+	ask := func(q string) string {
+		return system + "<|im_start|>user\n" + q + "<|im_end|>\n<|im_start|>assistant\n"
+	}
+	questions := []string{"where does it run", "what lives in it", "who built the bridge", "is it deep"}
+	alone := startEngine(t, func(c *Config) { c.BatchSize = 64 })
+	var want []string
+	for _, q := range questions {
+		text, _ := generate(t, alone, greedy("", ask(q), 12))
+		want = append(want, text)
+	}
+	e := startEngine(t, func(c *Config) { c.BatchSize = 64 })
+	var streams []*Stream
+	for i, q := range questions {
+		s, err := e.Submit(t.Context(), greedy(fmt.Sprint("c", i), ask(q), 12))
+		if err != nil {
+			t.Fatal(err)
+		}
+		streams = append(streams, s)
+	}
+	prompt := 0
+	for i, s := range streams {
+		text, res, err := s.Collect()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if text != want[i] {
+			t.Errorf("%q in a burst: %q, alone: %q", questions[i], text, want[i])
+		}
+		prompt += res.PromptTokens
+	}
+	prefix, _ := e.model.Tokenize(system+"<|im_start|>user\n", true, true)
+	// Each of the other three takes at least the prefix less the one step they may have
+	// prefilled alongside the first.
+	if shared := int(e.Stats().SharedTokens); shared < 3*(len(prefix)-64) {
+		t.Errorf("%d of %d prompt tokens shared; want at least %d (3 x the %d-token prefix less a step)", shared, prompt, 3*(len(prefix)-64), len(prefix))
+	}
+}
+
 func TestEvictionLRU(t *testing.T) {
 	t.Run("slots", func(t *testing.T) {
 		e := startEngine(t, func(c *Config) { c.Sequences = 2 })

@@ -334,11 +334,34 @@ func (e *Engine) prefillOrder(decoding int, rate float64) []*job {
 	return ps
 }
 
+// catchUp moves every prompt still being prefilled onto the cells of a longer beginning
+// that another slot holds by now, so a burst of requests with one system prompt prefills
+// it once: shortest first gives one of them the step, and the others take its cells
+// before the next.
+func (e *Engine) catchUp(stats *Stats) {
+	for _, j := range e.jobs {
+		if j.gen != 0 {
+			continue
+		}
+		done := len(j.slot.tokens)
+		from, n := e.sharedPrefix(j.prompt, j.slot)
+		if n <= done {
+			continue
+		}
+		e.lctx.SeqRemove(j.slot.seq, 0, -1) // the same tokens at the same positions, its own cells
+		e.lctx.SeqCopy(from.seq, j.slot.seq, n)
+		j.slot.tokens = append(j.slot.tokens[:0], from.tokens[:n]...)
+		j.pending = j.prompt[n:]
+		stats.SharedTokens += uint64(n - done)
+	}
+}
+
 // step builds one batch (a token for every decoding request, then prefill chunks as
 // prefillOrder picks them), decodes it, and samples for every request whose logits it
 // produced.
 func (e *Engine) step(stats *Stats) {
 	e.tick++
+	e.catchUp(stats)
 	b := e.batch
 	b.Clear()
 	decoding := 0
