@@ -196,6 +196,35 @@ func TestSharedSystemPrompt(t *testing.T) {
 	if want := chat(t, fresh.Nodes[0].URL(), ask("what lives in the river"), 16); want.text != got.text {
 		t.Errorf("on a shared system prompt: %q; on a node that never saw it: %q", got.text, want.text)
 	}
+
+	// A burst with a system prompt new to the node: prefilled once, 64 tokens a step, and
+	// every answer as from the node that saw none of it.
+	burst := startCluster(t, 1, "--batch", "64")
+	b := burst.Nodes[0]
+	system = strings.Repeat("you answer questions about the long grey road and the tall green hill ", 10)
+	questions := []string{"where does the road go", "who walks on it", "what is on the hill", "is it far"}
+	answers := make([]answer, len(questions))
+	var wg sync.WaitGroup
+	for i, q := range questions {
+		wg.Go(func() { answers[i] = chat(t, b.URL(), ask(q), 8) })
+	}
+	wg.Wait()
+	shared, err := burst.Metric(b, "infernode_shared_prefix_tokens_total")
+	if err != nil {
+		t.Fatal(err)
+	}
+	prompts, shortest := 0, answers[0].prompt
+	for i, a := range answers {
+		prompts, shortest = prompts+a.prompt, min(shortest, a.prompt)
+		if want := chat(t, fresh.Nodes[0].URL(), ask(questions[i]), 8); a.status != 200 || a.text != want.text {
+			t.Errorf("%q in a burst: status %d, %q; alone on another node: %q", questions[i], a.status, a.text, want.text)
+		}
+	}
+	// Three of the four take the system prompt's cells (all but the question and the
+	// template's last 20 tokens at most), less a step each at most.
+	if want := 3 * (shortest - 20 - 64); shared < float64(want) {
+		t.Errorf("a burst of %d prompt tokens shared %.0f, want at least %d", prompts, shared, want)
+	}
 }
 
 // streamChat streams a greedy completion and returns its text, the node that served it
