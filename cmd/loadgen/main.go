@@ -29,7 +29,7 @@ import (
 
 type result struct {
 	start, first, end time.Time
-	tokens, prompt    int         // completion and prompt tokens, from the usage chunk
+	tokens            int
 	events            []time.Time // arrival of each text event
 	gaps              []time.Duration
 	err               error
@@ -157,7 +157,6 @@ func stream(client *http.Client, url, key, model, prompt string, maxTokens int, 
 		var chunk struct {
 			Choices []struct{ Delta struct{ Content string } }
 			Usage   *struct {
-				PromptTokens     int `json:"prompt_tokens"`
 				CompletionTokens int `json:"completion_tokens"`
 			}
 			Error *struct{ Message string }
@@ -171,7 +170,7 @@ func stream(client *http.Client, url, key, model, prompt string, maxTokens int, 
 			return res
 		}
 		if chunk.Usage != nil {
-			res.tokens, res.prompt = chunk.Usage.CompletionTokens, chunk.Usage.PromptTokens
+			res.tokens = chunk.Usage.CompletionTokens
 		}
 		if len(chunk.Choices) > 0 && chunk.Choices[0].Delta.Content != "" {
 			now := time.Now()
@@ -202,7 +201,6 @@ func summarize(n int, rs []result, decode float64) measure.Level {
 		ttft = append(ttft, r.first.Sub(r.start))
 		gaps = append(gaps, r.gaps...)
 		l.TotalTokens += r.tokens
-		l.PromptTokens += r.prompt
 		if first.IsZero() || r.start.Before(first) {
 			first = r.start
 		}

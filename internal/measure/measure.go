@@ -52,15 +52,14 @@ func Percentile(d []time.Duration, p int) time.Duration {
 // Level is one concurrency level of a load-generator run (cmd/loadgen's -json output, read
 // by cmd/benchcompare).
 type Level struct {
-	Concurrency  int     `json:"concurrency"`
-	Requests     int     `json:"requests"`
-	Failed       int     `json:"failed"`
-	DecodeTokS   float64 `json:"decode_tok_s"`
-	TTFTp50ms    float64 `json:"ttft_p50_ms"`
-	TTFTp99ms    float64 `json:"ttft_p99_ms"`
-	ITLp50ms     float64 `json:"itl_p50_ms"`
-	ITLp99ms     float64 `json:"itl_p99_ms"`
-	TotalTokens  int     `json:"completion_tokens"`
-	PromptTokens int     `json:"prompt_tokens"`
-	WallSeconds  float64 `json:"wall_s"`
+	Concurrency int     `json:"concurrency"`
+	Requests    int     `json:"requests"`
+	Failed      int     `json:"failed"`
+	DecodeTokS  float64 `json:"decode_tok_s"`
+	TTFTp50ms   float64 `json:"ttft_p50_ms"`
+	TTFTp99ms   float64 `json:"ttft_p99_ms"`
+	ITLp50ms    float64 `json:"itl_p50_ms"`
+	ITLp99ms    float64 `json:"itl_p99_ms"`
+	TotalTokens int     `json:"completion_tokens"`
+	WallSeconds float64 `json:"wall_s"`
 }
