@@ -90,7 +90,10 @@ func (e *Engine) sharedPrefix(prompt []int32, target *slot) (*slot, int) {
 	var best *slot
 	n := 0
 	for _, s := range e.slots {
-		if k := commonPrefix(s.tokens, prompt); s != target && k > n {
+		if s == target {
+			continue
+		}
+		if k := commonPrefix(s.tokens, prompt); k > n {
 			best, n = s, k
 		}
 	}
@@ -222,17 +225,13 @@ func (e *Engine) start(j *job, p placement, stats *Stats) {
 		stats.Evictions++
 	}
 	s := p.slot
-	switch {
-	case s.key != j.req.SessionID && len(s.tokens) > 0:
+	if s.key != j.req.SessionID && len(s.tokens) > 0 {
 		e.drop(s)
 		stats.Evictions++
-	case p.from != nil && len(s.tokens) > 0:
-		e.drop(s) // its own turn's cells hold less than another conversation's
 	}
 	cached := p.reuse // from the conversation's own cache
 	if p.from != nil {
-		e.lctx.SeqCopy(p.from.seq, s.seq, p.reuse)
-		s.tokens = append(s.tokens[:0], p.from.tokens[:p.reuse]...)
+		e.shareCells(s, p.from, p.reuse)
 		cached = 0
 		stats.SharedTokens += uint64(p.reuse)
 	}
@@ -348,12 +347,18 @@ func (e *Engine) catchUp(stats *Stats) {
 		if n <= done {
 			continue
 		}
-		e.lctx.SeqRemove(j.slot.seq, 0, -1) // the same tokens at the same positions, its own cells
-		e.lctx.SeqCopy(from.seq, j.slot.seq, n)
-		j.slot.tokens = append(j.slot.tokens[:0], from.tokens[:n]...)
+		e.shareCells(j.slot, from, n)
 		j.pending = j.prompt[n:]
 		stats.SharedTokens += uint64(n - done)
 	}
+}
+
+// shareCells gives s the first n cells of from in place of its own (a shorter beginning of
+// the same tokens, or none): s then holds from's first n tokens.
+func (e *Engine) shareCells(s, from *slot, n int) {
+	e.lctx.SeqRemove(s.seq, 0, -1)
+	e.lctx.SeqCopy(from.seq, s.seq, n)
+	s.tokens = append(s.tokens[:0], from.tokens[:n]...)
 }
 
 // step builds one batch (a token for every decoding request, then prefill chunks as
