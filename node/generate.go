@@ -1,7 +1,6 @@
 package node
 
 import (
-	"bufio"
 	"bytes"
 	"cmp"
 	"context"
@@ -13,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -311,7 +311,7 @@ func (s *Server) answerHop(ctx *fasthttp.RequestCtx, st infer.Stream, formatted 
 
 // streamBody commits a 200 streaming response and writes its body with write, as server
 // events or as JSON lines. A failed write cancels the request: the reader is gone or too
-// slow.
+// slow. done runs once the body has ended, or once the response is dropped unwritten.
 func (s *Server) streamBody(ctx *fasthttp.RequestCtx, contentType string, sse bool, cancel context.CancelCauseFunc, done func(), write func(*sseWriter) error) {
 	ctx.SetStatusCode(fasthttp.StatusOK)
 	ctx.SetContentType(contentType)
@@ -320,18 +320,72 @@ func (s *Server) streamBody(ctx *fasthttp.RequestCtx, contentType string, sse bo
 	if tc, ok := conn.(interface{ SetWriteBuffer(int) error }); ok {
 		tc.SetWriteBuffer(s.cfg.StreamBuffer)
 	}
-	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
-		defer done()
-		if err := write(&sseWriter{w: w, conn: conn, timeout: s.cfg.WriteTimeout, sse: sse}); err != nil {
-			if errors.Is(err, errWriteTimeout) {
+	body := &eventStream{
+		write: func(w io.Writer) (int64, error) {
+			sw := &sseWriter{w: w, conn: conn, timeout: s.cfg.WriteTimeout, sse: sse}
+			return sw.n, write(sw)
+		},
+		end: func(err error) {
+			defer done()
+			switch {
+			case err == nil:
+				return
+			case errors.Is(err, errWriteTimeout):
 				cancel(errWriteTimeout)
-			} else {
+			default:
 				cancel(errClientGone)
 			}
 			s.log.Debug("stream cut", "err", err)
-		}
-	})
+		},
+	}
+	ctx.Response.SetBodyStream(body, -1)
 }
+
+// eventStream is a streamed response body that fasthttp writes from the connection's own
+// goroutine (it is a fasthttp.BodyWriterTo): each event goes to the socket as one chunk,
+// flushed. SetBodyStreamWriter would put a pipe and a copying goroutine between the
+// writer and the socket, one more wake-up a token on cores the engine keeps busy. Read
+// serves any reader that does not write through WriteTo, by a pipe.
+type eventStream struct {
+	write func(io.Writer) (int64, error) // the whole body
+	end   func(error)                    // once: write's error, or errClientGone if it never ran
+	once  sync.Once
+	pipe  *io.PipeReader
+}
+
+func (b *eventStream) SupportsBodyWriteTo() bool { return true }
+
+func (b *eventStream) WriteTo(w io.Writer) (n int64, err error) {
+	err = errBodyWritten
+	b.once.Do(func() {
+		n, err = b.write(w)
+		b.end(err)
+	})
+	return n, err
+}
+
+func (b *eventStream) Read(p []byte) (int, error) {
+	if b.pipe == nil {
+		pr, pw := io.Pipe()
+		b.pipe = pr
+		go func() {
+			_, err := b.WriteTo(pw)
+			pw.CloseWithError(err)
+		}()
+	}
+	return b.pipe.Read(p)
+}
+
+// Close ends a body that was never written; fasthttp calls it when it drops the response.
+func (b *eventStream) Close() error {
+	if b.pipe != nil {
+		b.pipe.Close() // a writer blocked on the pipe fails, so once.Do below returns
+	}
+	b.once.Do(func() { b.end(errClientGone) })
+	return nil
+}
+
+var errBodyWritten = errors.New("response body already written")
 
 // collect reads a whole answer, observing latency metrics.
 func (s *Server) collect(st infer.Stream, c *completion) (string, infer.Result, error) {
@@ -465,17 +519,17 @@ func (s *Server) countCancel(ctx context.Context) {
 	}
 }
 
-// sseWriter writes events (server-sent events, or JSON lines when sse is false), each
-// flushed under a fresh write deadline.
-// fasthttp copies a streamed body to the connection from its own goroutine, so a deadline
-// that expires there surfaces here as a closed pipe: a failure at or past the deadline is
-// a write timeout. The deadline is left in place after the last event, so the copier's
-// final writes are bounded too; fasthttp sets a new one for the next response.
+// sseWriter writes events (server-sent events, or JSON lines when sse is false), each in
+// one write, under a fresh write deadline. A failure at or past the deadline is a write
+// timeout. The deadline is left in place after the last event, so fasthttp's final writes
+// (the last chunk) are bounded too; fasthttp sets a new one for the next response.
 type sseWriter struct {
 	sse     bool
-	w       *bufio.Writer
+	w       io.Writer
 	conn    interface{ SetWriteDeadline(time.Time) error }
 	timeout time.Duration
+	buf     []byte
+	n       int64 // bytes written
 }
 
 func (w *sseWriter) event(v any) error {
@@ -487,27 +541,29 @@ func (w *sseWriter) event(v any) error {
 }
 
 func (w *sseWriter) comment(text string) error {
-	return w.raw(": " + text + "\n\n")
+	w.buf = append(append(append(w.buf[:0], ": "...), text...), "\n\n"...)
+	return w.flush()
 }
 
 func (w *sseWriter) data(b []byte) error {
+	w.buf = w.buf[:0]
 	if w.sse {
-		return w.raw("data: " + string(b) + "\n\n")
+		w.buf = append(append(append(w.buf, "data: "...), b...), "\n\n"...)
+	} else {
+		w.buf = append(append(w.buf, b...), '\n')
 	}
-	return w.raw(string(b) + "\n")
+	return w.flush()
 }
 
-func (w *sseWriter) raw(s string) error {
+func (w *sseWriter) flush() error {
 	deadline := time.Now().Add(w.timeout)
 	w.conn.SetWriteDeadline(deadline)
-	w.w.WriteString(s)
-	if err := w.w.Flush(); err != nil {
-		if !time.Now().Before(deadline) {
-			return errWriteTimeout
-		}
-		return err
+	n, err := w.w.Write(w.buf)
+	w.n += int64(n)
+	if err != nil && !time.Now().Before(deadline) {
+		return errWriteTimeout
 	}
-	return nil
+	return err
 }
 
 func randomID() string {
