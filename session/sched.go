@@ -449,7 +449,7 @@ func (e *Engine) step(stats *Stats) {
 
 // sample picks every job's next token. A row of a 50k vocabulary costs about half a
 // millisecond through llama.cpp's chain (44 µs at a temperature alone), so rows are
-// shared among the threads llama.cpp uses (it is idle now).
+// shared among as many threads as llama.cpp uses (its workers only poll between graphs).
 func (e *Engine) sample(jobs []*job) {
 	for _, j := range jobs {
 		j.logits = e.lctx.Logits(j.logitIdx)
