@@ -389,8 +389,8 @@ func (c *Cluster) sampleRings(ctx context.Context, stop <-chan struct{}) []RingS
 }
 
 // busiest picks the node a Busiest fault aims at: for a restart or resume, the node the
-// last one chose; otherwise the running node serving the most streams in flight, waiting
-// up to a second for one to have any.
+// last one chose; otherwise the running node serving the most streams in flight (with at
+// least half their tokens to come), waiting up to 2s for one to have any.
 func (c *Cluster) busiest(ctx context.Context, kind string, last int) (int, string) {
 	if kind == "restart" || kind == "resume" || kind == "heal" {
 		return max(last, 0), ""

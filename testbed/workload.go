@@ -195,8 +195,10 @@ func request(ctx context.Context, client *http.Client, entry *Node, msgs []messa
 		r.Kind = "ok"
 		return r
 	}
-	// Forwarded: a fault on its owner can resume it elsewhere, until its last token is in
-	// (after it, the owner's death leaves the answer whole: nothing to resume).
+	// Forwarded: a fault on its owner can resume it elsewhere. It counts as in flight
+	// until half its tokens are in: an answer may end early (an end-of-text token), and one
+	// near its end may be wholly written by the owner, in transit, when the fault lands,
+	// leaving nothing to resume.
 	counted := r.Served != entry.ID
 	uncount := func() {
 		if counted {
@@ -254,7 +256,7 @@ func request(ctx context.Context, client *http.Client, entry *Node, msgs []messa
 				r.TTFT = time.Since(r.Start)
 			}
 			text.WriteString(ev.Choices[0].Delta.Content)
-			if pieces++; pieces >= maxTokens {
+			if pieces++; pieces >= maxTokens/2 {
 				uncount()
 			}
 		}
