@@ -323,7 +323,8 @@ func (s *Server) streamBody(ctx *fasthttp.RequestCtx, contentType string, sse bo
 	body := &eventStream{
 		write: func(w io.Writer) (int64, error) {
 			sw := &sseWriter{w: w, conn: conn, timeout: s.cfg.WriteTimeout, sse: sse}
-			return sw.n, write(sw)
+			err := write(sw)
+			return sw.n, err
 		},
 		end: func(err error) {
 			defer done()

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"testing"
 	"time"
 
@@ -102,7 +103,7 @@ func TestEventStream(t *testing.T) {
 		}
 		got, err := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		if err != nil || string(got) != "0\n1\n2\n" || resp.TransferEncoding[0] != "chunked" {
+		if err != nil || string(got) != "0\n1\n2\n" || !slices.Equal(resp.TransferEncoding, []string{"chunked"}) {
 			t.Fatalf("body %q (%v), transfer encoding %v", got, err, resp.TransferEncoding)
 		}
 		if err := <-ended; err != nil {

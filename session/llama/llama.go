@@ -410,7 +410,8 @@ func NewContext(m *Model, p ContextParams) (*Context, error) {
 		return nil, errors.New("new context: llama.cpp could not create it (see log)")
 	}
 	// Without a pool of its own, ggml starts and joins its worker threads for every graph,
-	// so every token (docs/BENCHMARKS.md: 12-15% more tokens/s through HTTP with the pool).
+	// so every token (docs/BENCHMARKS.md: with the pool, 14% more tokens/s through HTTP at
+	// one stream, 9% at eight).
 	pool := C.new_threadpool(C.int(p.Threads))
 	if pool == nil {
 		C.llama_free(c)
