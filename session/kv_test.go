@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"os"
+	"slices"
 	"testing"
 
 	"github.com/infernode/infernode/internal/testenv"
@@ -51,8 +52,8 @@ func TestKVMove(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if res.Key != "k" || res.Tokens != n || dst.Stats().Conversations != 1 {
-				t.Fatalf("imported %+v (exported %d tokens); %d conversations cached", res, n, dst.Stats().Conversations)
+			if keys, _ := dst.Conversations(t.Context()); res.Key != "k" || res.Tokens != n || !slices.Equal(keys, []string{"k"}) {
+				t.Fatalf("imported %+v (exported %d tokens); conversations cached %q", res, n, keys)
 			}
 			t.Logf("%d tokens, %d bytes of state, %d bytes of frame, installed in %v", n, res.Bytes, frame.Len(), res.Stall)
 
@@ -98,8 +99,10 @@ func TestKVImportRefusals(t *testing.T) {
 		}
 		t.Logf("%s: %v", tc.name, err)
 	}
-	if st := dst.Stats(); st.Conversations != 1 {
-		t.Errorf("after refused imports: %d conversations cached, want only the one held before", st.Conversations)
+	// Asked of the engine's loop: Stats is a snapshot it publishes after its work, which
+	// may not yet count the conversation the stream just ended (CI saw 0 once).
+	if keys, err := dst.Conversations(t.Context()); err != nil || !slices.Equal(keys, []string{"mine"}) {
+		t.Errorf("after refused imports: conversations cached %q (%v), want only the one held before", keys, err)
 	}
 	again, r := generate(t, dst, greedy("mine", "the river"+held, 4))
 	if r.CachedTokens == 0 || again == "" {
