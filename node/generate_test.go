@@ -2,6 +2,7 @@ package node
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"net"
@@ -96,7 +97,7 @@ func TestEventStream(t *testing.T) {
 			ctx.Response.SetBodyStream(b, -1)
 			bodies <- b
 		})
-		c := http.Client{Transport: &http.Transport{Dial: func(string, string) (net.Conn, error) { return ln.Dial() }}}
+		c := http.Client{Transport: &http.Transport{DialContext: func(context.Context, string, string) (net.Conn, error) { return ln.Dial() }}}
 		resp, err := c.Get("http://node/")
 		if err != nil {
 			t.Fatal(err)
