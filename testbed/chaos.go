@@ -568,12 +568,15 @@ func windows(applied []Applied, c *Cluster, end time.Time) []Window {
 // faulted reports whether node was in a fault window overlapping [from, to].
 func faulted(ws []Window, node string, from, to time.Time) bool {
 	for _, w := range ws {
-		if w.Node == node && from.Before(w.To) && to.After(w.From) {
+		if w.Node == node && overlaps(from, to, w.From, w.To) {
 			return true
 		}
 	}
 	return false
 }
+
+// overlaps says whether the spans [from, to] and [a, b] overlap, beyond touching at an end.
+func overlaps(from, to, a, b time.Time) bool { return from.Before(b) && to.After(a) }
 
 // checkDetection: every measured fault was seen by every other ring within its bound, and
 // every healing was too. A measurement cut short by the next fault is a failure: the
@@ -758,7 +761,6 @@ func (c *Cluster) checkAffinity(rep *Report, s Scenario) {
 	// seconds after it recovered. Its conversations move at those two moments; one none of
 	// whose turns it served stays where it is.
 	flips := degradedFlips(rep.Rings)
-	overlaps := func(from, to, a, b time.Time) bool { return from.Before(b) && to.After(a) }
 	settled := func(rs []Record) bool {
 		from, to := rs[0].Start, rs[len(rs)-1].End
 		for _, u := range unsettled {

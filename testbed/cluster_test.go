@@ -198,7 +198,7 @@ func TestSharedSystemPrompt(t *testing.T) {
 	}
 
 	// A burst with a system prompt new to the node: prefilled once, 64 tokens a step, and
-	// every answer as from the node that saw none of it.
+	// every answer as the other node gives it, asked one at a time.
 	burst := startCluster(t, 1, "--batch", "64")
 	b := burst.Nodes[0]
 	system = strings.Repeat("you answer questions about the long grey road and the tall green hill ", 10)

@@ -98,7 +98,7 @@ func run(infernodeBin, ollamaBin, loadgen, model string, rounds, parallel int, t
 	type cell struct{ one, eight, wave measure.Level }
 	results := map[string][]cell{}
 	for _, s := range []*server{inf, oll} {
-		if _, err := loadRun(loadgen, s, temperature, 1, 1, 64, 32); err != nil {
+		if _, err := loadRun(loadgen, s, temperature, 1, 1, 64); err != nil {
 			return fmt.Errorf("warm-up of %s: %w", s.name, err)
 		}
 	}
@@ -107,10 +107,10 @@ func run(infernodeBin, ollamaBin, loadgen, model string, rounds, parallel int, t
 			fmt.Fprintf(os.Stderr, "round %d: %s\n", r+1, s.name)
 			var c cell
 			for _, run := range []struct {
-				l                        *measure.Level
-				n, rounds, tokens, words int
-			}{{&c.one, 1, 6, 64, 32}, {&c.eight, 8, 3, 64, 32}, {&c.wave, 8, 3, 1, 32}} {
-				if *run.l, err = loadRun(loadgen, s, temperature, run.n, run.rounds, run.tokens, run.words); err != nil {
+				l                 *measure.Level
+				n, rounds, tokens int
+			}{{&c.one, 1, 6, 64}, {&c.eight, 8, 3, 64}, {&c.wave, 8, 3, 1}} {
+				if *run.l, err = loadRun(loadgen, s, temperature, run.n, run.rounds, run.tokens); err != nil {
 					return err
 				}
 			}
@@ -177,10 +177,10 @@ func wallRate(l measure.Level) float64 {
 }
 
 // loadRun runs loadgen against s: rounds rounds of n concurrent streams of tokens tokens
-// after a prompt of words words.
-func loadRun(loadgen string, s *server, temperature float64, n, rounds, tokens, words int) (measure.Level, error) {
+// after a 32-word prompt.
+func loadRun(loadgen string, s *server, temperature float64, n, rounds, tokens int) (measure.Level, error) {
 	args := []string{"--url", s.url, "--concurrency", fmt.Sprint(n), "--rounds", fmt.Sprint(rounds),
-		"--max-tokens", fmt.Sprint(tokens), "--prompt-words", fmt.Sprint(words), "--temperature", fmt.Sprint(temperature), "--json"}
+		"--max-tokens", fmt.Sprint(tokens), "--prompt-words", "32", "--temperature", fmt.Sprint(temperature), "--json"}
 	if s.model != "" {
 		args = append(args, "--model", s.model)
 	}
