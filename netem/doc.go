@@ -8,8 +8,10 @@
 // so Cleanup can remove leftovers of a killed run.
 //
 // Backends: partitions and loss use nftables in the node's namespace (loss with numgen
-// random), bandwidth uses the tbf qdisc. Delay and jitter need sch_netem, which this CI
-// kernel lacks: Delay reports ErrUnsupported there rather than pretending.
+// random), bandwidth uses the tbf qdisc. Delay and jitter use sch_netem where the kernel
+// has it and the delay is for every host; otherwise (these CI kernels lack sch_netem) an
+// NFQUEUE rule hands the packets to this process, which releases each when its delay has
+// passed. Delay reports ErrUnsupported when neither is possible rather than pretending.
 //
 // Everything needs root (CAP_NET_ADMIN) and the ip, tc and nft commands; Available says
 // whether this machine has them.

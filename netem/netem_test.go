@@ -250,8 +250,9 @@ func meanSD(ds []time.Duration) (mean, sd time.Duration) {
 }
 
 // Delay adds what was asked to a host's packets to the hosts chosen, and no more: the
-// added round trip of TCP handshakes within 10% (or 1ms) of the delay and their spread
-// within 20% of the jitter, at 5, 50 and 200ms, with either backend.
+// added round trip of TCP handshakes within 10% of the delay and their spread within 20%
+// of the jitter, at 5, 50 and 200ms, with either backend. (Released by Go's timers, whose
+// sleep is in whole milliseconds, the userspace queue added 5.7-5.9 ms for 5.)
 func TestDelay(t *testing.T) {
 	topo := topology(t, "infd", 3)
 	a, b, c := topo.Nodes[0], topo.Nodes[1], topo.Nodes[2]
@@ -299,7 +300,7 @@ func TestDelay(t *testing.T) {
 		added := mean - base
 		spread := time.Duration(math.Sqrt(max(0, float64(sd)*float64(sd)-float64(baseSD)*float64(baseSD))))
 		t.Logf("%v by %s: handshakes a→b %v ± %v (%d): added %v ± %v", tc.shape, backend, mean, sd, tc.n, added, spread)
-		if diff := (added - tc.shape.Delay).Abs(); diff > max(tc.shape.Delay/10, time.Millisecond) {
+		if diff := (added - tc.shape.Delay).Abs(); diff > tc.shape.Delay/10 {
 			t.Errorf("%v: added %v", tc.shape, added)
 		}
 		if diff := (spread - tc.shape.Jitter).Abs(); diff > tc.shape.Jitter/5 {
