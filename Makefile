@@ -45,7 +45,7 @@ APT_PACKAGES := nlohmann-json3-dev libstb-dev nftables iproute2 iptables
 TEST_APT_PACKAGES := chromium
 MALGO        := github.com/gen2brain/malgo@v0.11.24
 
-.PHONY: all deps test-deps flags build bench-portable bench-quant model bench-model test race lint tidy-check bench bench-http bench-cluster bench-compare run chaos chaos-cleanup clean
+.PHONY: all deps test-deps flags build bench-portable bench-quant model bench-model test race lint tidy-check bench bench-http bench-cluster bench-overhead bench-compare run chaos chaos-cleanup clean
 
 all: build
 
@@ -152,6 +152,14 @@ bench-http: build bench-model
 	trap "kill $$pid 2>/dev/null" EXIT; \
 	until curl -sf 127.0.0.1:$(BENCH_PORT)/readyz >/dev/null; do kill -0 $$pid || exit 1; sleep 0.2; done; \
 	$(BIN)/loadgen --url http://127.0.0.1:$(BENCH_PORT) --concurrency 1,4,8 --rounds 5 --max-tokens 64
+
+# bench-overhead: what the engine and HTTP cost over llama.cpp alone, at 1 and 8 streams:
+# the three measured in turn (cmd/benchoverhead), every ratio within one turn.
+TURNS ?= 5
+bench-overhead: build bench-model
+	$(GO) test -c -o .build/llama.test ./session/llama
+	$(GO) test -c -o .build/session.test ./session
+	$(BIN)/benchoverhead --raw .build/llama.test --engine .build/session.test --model $(BENCH_MODEL) --turns $(TURNS)
 
 # bench-compare: infernode against ollama serve, one node each on the realistic-shape
 # model, cmd/loadgen against both, alternating (cmd/benchcompare). ollama is built from

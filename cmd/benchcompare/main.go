@@ -8,12 +8,10 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,6 +21,7 @@ import (
 	"time"
 
 	"github.com/infernode/infernode/internal/measure"
+	"github.com/infernode/infernode/internal/poll"
 )
 
 // server is one server under test.
@@ -57,7 +56,6 @@ func run(infernodeBin, ollamaBin, loadgen, model string, rounds, parallel int, t
 		return err
 	}
 	defer os.RemoveAll(work)
-	ctx := context.Background()
 
 	inf := &server{name: "infernode", url: "http://127.0.0.1:18581"}
 	inf.cmd = exec.Command(infernodeBin, append([]string{"--model", model, "--addr", "127.0.0.1:18581", "--seed", "1",
@@ -74,11 +72,10 @@ func run(infernodeBin, ollamaBin, loadgen, model string, rounds, parallel int, t
 		}
 		defer syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
 	}
-	if err := waitFor(ctx, inf.url+"/readyz", time.Minute); err != nil {
-		return fmt.Errorf("infernode: %w", err)
-	}
-	if err := waitFor(ctx, oll.url+"/", time.Minute); err != nil {
-		return fmt.Errorf("ollama: %w", err)
+	for _, u := range []string{inf.url + "/readyz", oll.url + "/"} {
+		if !poll.Answers200(u, time.Minute) {
+			return fmt.Errorf("%s did not answer 200 within a minute", u)
+		}
 	}
 	modelfile := filepath.Join(work, "Modelfile")
 	if err := os.WriteFile(modelfile, []byte("FROM "+model+"\n"), 0o644); err != nil {
@@ -197,24 +194,4 @@ func loadRun(loadgen string, s *server, temperature float64, n, rounds, tokens i
 		return measure.Level{}, fmt.Errorf("loadgen against %s: %d levels in %q (%v)", s.name, len(levels), bytes.TrimSpace(out), err)
 	}
 	return levels[0], nil
-}
-
-// waitFor polls url until it answers 200.
-func waitFor(ctx context.Context, url string, limit time.Duration) error {
-	ctx, cancel := context.WithTimeout(ctx, limit)
-	defer cancel()
-	for {
-		req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
-		if resp, err := http.DefaultClient.Do(req); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%s did not answer 200 within %v", url, limit)
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
 }

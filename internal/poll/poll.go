@@ -4,6 +4,7 @@
 package poll
 
 import (
+	"net/http"
 	"testing"
 	"time"
 )
@@ -27,4 +28,18 @@ func Within(timeout, every time.Duration, cond func() bool) bool {
 		time.Sleep(every)
 	}
 	return true
+}
+
+// Answers200 reports whether GET url answered 200 within timeout, asking every 200 ms (a
+// server starting up, for the benchmark commands).
+func Answers200(url string, timeout time.Duration) bool {
+	client := &http.Client{Timeout: time.Second}
+	return Within(timeout, 200*time.Millisecond, func() bool {
+		resp, err := client.Get(url)
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
 }
