@@ -53,6 +53,7 @@ func BenchmarkDecode(b *testing.B) {
 			b.Run(fmt.Sprintf("unified=%v/seqs=%d", unified, n), func(b *testing.B) {
 				e := benchEngine(b, func(c *Config) { c.UnifiedKV = unified })
 				var tokens, seconds float64
+				cs, before := measure.ContextSwitches(), e.Stats()
 				for b.Loop() {
 					t, s := decodeSteady(b, e, n, 64, "")
 					tokens += t
@@ -61,6 +62,7 @@ func BenchmarkDecode(b *testing.B) {
 				b.ReportMetric(tokens/seconds, "tok/s")
 				st := e.Stats()
 				b.ReportMetric(float64(st.StepTimeMicros)/float64(st.Steps)/1000, "ms/step")
+				b.ReportMetric(float64(measure.ContextSwitches()-cs)/float64(st.Steps-before.Steps), "ctxsw/step")
 				b.ReportMetric(0, "ns/op")
 			})
 		}

@@ -4,6 +4,7 @@ package measure
 
 import (
 	"slices"
+	"syscall"
 	"time"
 )
 
@@ -62,4 +63,15 @@ type Level struct {
 	ITLp99ms    float64 `json:"itl_p99_ms"`
 	TotalTokens int     `json:"completion_tokens"`
 	WallSeconds float64 `json:"wall_s"`
+}
+
+// ContextSwitches is how many times the threads of this process have been switched out so
+// far (voluntarily or not; getrusage), for benchmarks to report per token: on a machine
+// whose cores llama.cpp's threads fill, each one is a thread of llama.cpp set aside.
+func ContextSwitches() int64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return ru.Nvcsw + ru.Nivcsw
 }

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/infernode/infernode/internal/measure"
 )
 
 // BenchmarkRawDecode is llama.cpp alone, the floor under every other decode number: n
@@ -45,6 +47,7 @@ func BenchmarkRawDecode(b *testing.B) {
 			const gen = 64
 			var tokens, steps int
 			var took, sampling time.Duration
+			var switches int64
 			for b.Loop() {
 				c.Clear()
 				batch.Clear()
@@ -60,7 +63,7 @@ func BenchmarkRawDecode(b *testing.B) {
 				if err := c.Decode(batch); err != nil {
 					b.Fatal(err)
 				}
-				start := time.Now()
+				start, cs := time.Now(), measure.ContextSwitches()
 				for range gen {
 					next := make([]int32, n)
 					t := time.Now()
@@ -79,10 +82,12 @@ func BenchmarkRawDecode(b *testing.B) {
 					}
 				}
 				took += time.Since(start)
+				switches += measure.ContextSwitches() - cs
 				tokens += gen * n
 			}
 			b.ReportMetric(float64(tokens)/took.Seconds(), "tok/s")
 			b.ReportMetric(sampling.Seconds()*1000/float64(steps), "sample-ms")
+			b.ReportMetric(float64(switches)/float64(steps), "ctxsw/step")
 			b.ReportMetric(0, "ns/op")
 		})
 	}

@@ -13,9 +13,103 @@ package llama
 
 /*
 #cgo CPPFLAGS: -I${SRCDIR}/../../.build/include/llama -I${SRCDIR}/../../.build/include/ggml
+#include <pthread.h>
 #include <stdlib.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 #include "llama.h"
 #include "ggml-cpu.h"
+
+// decoder runs llama_decode on a thread of its own and reports each batch done on an
+// eventfd, which Go reads through its poller. A cgo call holds its P in a system call
+// state; one longer than 10 ms (a decode step) has it retaken, and the call's return then
+// wakes Go's sysmon into its 20 µs polling cadence: about 20 wake-ups a token, each
+// preempting one of llama.cpp's threads on a machine whose cores they fill.
+typedef struct decoder {
+	pthread_t thread;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	struct llama_context *ctx;
+	struct llama_batch batch;
+	int state; // 0: idle, 1: a batch to decode, 2: quit
+	int32_t rc;
+	int done; // eventfd: written once a batch is decoded
+} decoder;
+
+static void *decoder_main(void *arg) {
+	decoder *d = arg;
+	for (;;) {
+		pthread_mutex_lock(&d->mu);
+		while (d->state == 0) {
+			pthread_cond_wait(&d->cv, &d->mu);
+		}
+		int quit = d->state == 2;
+		struct llama_batch b = d->batch;
+		pthread_mutex_unlock(&d->mu);
+		if (quit) {
+			return NULL;
+		}
+		int32_t rc = llama_decode(d->ctx, b);
+		pthread_mutex_lock(&d->mu);
+		d->rc = rc;
+		d->state = 0;
+		pthread_mutex_unlock(&d->mu);
+		uint64_t one = 1;
+		if (write(d->done, &one, sizeof one) != sizeof one) {
+			abort(); // only with a closed eventfd, which decoder_free's order rules out
+		}
+	}
+}
+
+static decoder *decoder_new(struct llama_context *ctx) {
+	decoder *d = calloc(1, sizeof *d);
+	if (d == NULL) {
+		return NULL;
+	}
+	d->ctx = ctx;
+	d->done = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (d->done < 0) {
+		free(d);
+		return NULL;
+	}
+	pthread_mutex_init(&d->mu, NULL);
+	pthread_cond_init(&d->cv, NULL);
+	if (pthread_create(&d->thread, NULL, decoder_main, d) != 0) {
+		close(d->done);
+		free(d);
+		return NULL;
+	}
+	return d;
+}
+
+// decoder_start hands the thread a batch; its eventfd is written when it is decoded.
+static void decoder_start(decoder *d, struct llama_batch b) {
+	pthread_mutex_lock(&d->mu);
+	d->batch = b;
+	d->state = 1;
+	pthread_cond_signal(&d->cv);
+	pthread_mutex_unlock(&d->mu);
+}
+
+static int32_t decoder_rc(decoder *d) {
+	pthread_mutex_lock(&d->mu);
+	int32_t rc = d->rc;
+	pthread_mutex_unlock(&d->mu);
+	return rc;
+}
+
+// decoder_free stops the thread (between batches) and frees d; the eventfd stays open for
+// its owner to close.
+static void decoder_free(decoder *d) {
+	pthread_mutex_lock(&d->mu);
+	d->state = 2;
+	pthread_cond_signal(&d->cv);
+	pthread_mutex_unlock(&d->mu);
+	pthread_join(d->thread, NULL);
+	pthread_mutex_destroy(&d->mu);
+	pthread_cond_destroy(&d->cv);
+	free(d);
+}
 
 // new_threadpool starts a pool of n threads for a context's graphs (the decoding thread is
 // one of them), with ggml's default polling between graphs.
@@ -109,9 +203,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
 	"math/rand/v2"
+	"os"
 	"runtime/cgo"
 	"slices"
 	"strings"
@@ -375,6 +471,8 @@ type ContextParams struct {
 type Context struct {
 	c     *C.struct_llama_context
 	pool  *C.struct_ggml_threadpool
+	dec   *C.decoder
+	done  *os.File // dec's eventfd
 	mem   C.llama_memory_t
 	model *Model
 }
@@ -418,11 +516,23 @@ func NewContext(m *Model, p ContextParams) (*Context, error) {
 		return nil, errors.New("new context: ggml could not start its threads")
 	}
 	C.llama_attach_threadpool(c, pool, pool)
-	return &Context{c: c, pool: pool, mem: C.llama_get_memory(c), model: m}, nil
+	dec := C.decoder_new(c)
+	if dec == nil {
+		C.llama_free(c)
+		C.ggml_threadpool_free(pool)
+		return nil, errors.New("new context: could not start the decoding thread")
+	}
+	done := os.NewFile(uintptr(dec.done), "llama-decode-done")
+	return &Context{c: c, pool: pool, dec: dec, done: done, mem: C.llama_get_memory(c), model: m}, nil
 }
 
 // Close frees the context. It is safe to call twice.
 func (c *Context) Close() {
+	if c.dec != nil {
+		C.decoder_free(c.dec)
+		c.done.Close()
+		c.dec = nil
+	}
 	if c.c != nil {
 		C.llama_free(c.c)
 		c.c = nil
@@ -446,9 +556,15 @@ func (c *Context) Sequences() int { return int(C.llama_n_seq_max(c.c)) }
 // ErrNoKVSlot means llama_decode found no room in the KV cache for the batch.
 var ErrNoKVSlot = errors.New("decode: no KV cache slot for the batch")
 
-// Decode runs the model over a batch.
+// Decode runs the model over a batch. The decoding thread runs it while this goroutine
+// waits in Go's poller, holding no P.
 func (c *Context) Decode(b *Batch) error {
-	switch rc := C.llama_decode(c.c, b.c); {
+	C.decoder_start(c.dec, b.c)
+	var n [8]byte
+	if _, err := io.ReadFull(c.done, n[:]); err != nil {
+		return fmt.Errorf("decode: waiting for the decoding thread: %w", err)
+	}
+	switch rc := C.decoder_rc(c.dec); {
 	case rc == 0:
 		return nil
 	case rc == 1:

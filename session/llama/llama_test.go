@@ -1,6 +1,7 @@
 package llama
 
 import (
+	"errors"
 	"math"
 	"os"
 	"path/filepath"
@@ -105,6 +106,39 @@ func TestContextLayout(t *testing.T) {
 		}
 		c.Close()
 		c.Close()
+	}
+}
+
+// Decode's answer comes back from the decoding thread: a full cache is ErrNoKVSlot, and
+// the thread decodes again once there is room.
+func TestDecodeNoSlot(t *testing.T) {
+	m := testModel(t)
+	c, err := NewContext(m, ContextParams{Cells: 256, Sequences: 1, Batch: 64, Threads: 2, Unified: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	b := NewBatch(64)
+	defer b.Free()
+	fill := func(from int) error {
+		b.Clear()
+		for i := range 64 {
+			b.Add(1, from+i, 0, i == 63)
+		}
+		return c.Decode(b)
+	}
+	pos := 0
+	for ; pos < c.Cells(); pos += 64 {
+		if err := fill(pos); err != nil {
+			t.Fatalf("decode at %d of %d cells: %v", pos, c.Cells(), err)
+		}
+	}
+	if err := fill(pos); !errors.Is(err, ErrNoKVSlot) {
+		t.Fatalf("decode into a full cache: %v, want ErrNoKVSlot", err)
+	}
+	c.SeqRemove(0, pos-64, -1)
+	if err := fill(pos - 64); err != nil {
+		t.Fatalf("decode after freeing 64 cells: %v", err)
 	}
 }
 
