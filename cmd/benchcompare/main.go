@@ -7,9 +7,6 @@
 package main
 
 import (
-	"bytes"
-	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -177,21 +174,16 @@ func wallRate(l measure.Level) float64 {
 // after a 32-word prompt.
 func loadRun(loadgen string, s *server, temperature float64, n, rounds, tokens int) (measure.Level, error) {
 	args := []string{"--url", s.url, "--concurrency", fmt.Sprint(n), "--rounds", fmt.Sprint(rounds),
-		"--max-tokens", fmt.Sprint(tokens), "--prompt-words", "32", "--temperature", fmt.Sprint(temperature), "--json"}
+		"--max-tokens", fmt.Sprint(tokens), "--prompt-words", "32", "--temperature", fmt.Sprint(temperature)}
 	if s.model != "" {
 		args = append(args, "--model", s.model)
 	}
-	out, err := exec.Command(loadgen, args...).Output()
+	levels, err := measure.Loadgen(loadgen, args...)
 	if err != nil {
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			err = fmt.Errorf("%w: %s", err, ee.Stderr)
-		}
 		return measure.Level{}, fmt.Errorf("loadgen against %s: %w", s.name, err)
 	}
-	var levels []measure.Level
-	if err := json.Unmarshal(out, &levels); err != nil || len(levels) != 1 {
-		return measure.Level{}, fmt.Errorf("loadgen against %s: %d levels in %q (%v)", s.name, len(levels), bytes.TrimSpace(out), err)
+	if len(levels) != 1 {
+		return measure.Level{}, fmt.Errorf("loadgen against %s: %d levels, want 1", s.name, len(levels))
 	}
 	return levels[0], nil
 }

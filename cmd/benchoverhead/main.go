@@ -11,8 +11,6 @@ package main
 import (
 	"bufio"
 	"bytes"
-	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -109,13 +107,9 @@ func run(rawBin, engineBin, infernodeBin, loadgen, model string, turns int) erro
 func benchmark(bin string, env []string, pattern, streams string) (rates, error) {
 	cmd := exec.Command(bin, "-test.run", "^$", "-test.bench", pattern, "-test.benchtime", "3x")
 	cmd.Env = env
-	out, err := cmd.Output()
+	out, err := measure.Output(cmd)
 	if err != nil {
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			err = fmt.Errorf("%w: %s", err, ee.Stderr)
-		}
-		return rates{}, fmt.Errorf("%s: %w: %s", bin, err, out)
+		return rates{}, fmt.Errorf("%w: %s", err, out)
 	}
 	re := regexp.MustCompile(streams)
 	var r rates
@@ -146,18 +140,10 @@ func benchmark(bin string, env []string, pattern, streams string) (rates, error)
 
 // viaHTTP runs loadgen against the node: rounds rounds at each concurrency level.
 func viaHTTP(loadgen, url, levels string, rounds int) (rates, error) {
-	out, err := exec.Command(loadgen, "--url", url, "--concurrency", levels, "--rounds", fmt.Sprint(rounds),
-		"--max-tokens", "64", "--temperature", "0.8", "--json").Output()
+	ls, err := measure.Loadgen(loadgen, "--url", url, "--concurrency", levels, "--rounds", fmt.Sprint(rounds),
+		"--max-tokens", "64", "--temperature", "0.8")
 	if err != nil {
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			err = fmt.Errorf("%w: %s", err, ee.Stderr)
-		}
-		return rates{}, fmt.Errorf("loadgen: %w", err)
-	}
-	var ls []measure.Level
-	if err := json.Unmarshal(out, &ls); err != nil {
-		return rates{}, fmt.Errorf("loadgen: %q: %w", out, err)
+		return rates{}, err
 	}
 	var r rates
 	for _, l := range ls {

@@ -1,8 +1,13 @@
 // Package measure holds the throughput arithmetic that the engine benchmarks and the HTTP
-// load generator share, so their numbers mean the same thing.
+// load generator share, so their numbers mean the same thing, and runs the load generator
+// for the commands that compare (cmd/benchcompare, cmd/benchoverhead).
 package measure
 
 import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os/exec"
 	"slices"
 	"syscall"
 	"time"
@@ -51,7 +56,7 @@ func Percentile(d []time.Duration, p int) time.Duration {
 }
 
 // Level is one concurrency level of a load-generator run (cmd/loadgen's -json output, read
-// by cmd/benchcompare).
+// by Loadgen).
 type Level struct {
 	Concurrency int     `json:"concurrency"`
 	Requests    int     `json:"requests"`
@@ -63,6 +68,32 @@ type Level struct {
 	ITLp99ms    float64 `json:"itl_p99_ms"`
 	TotalTokens int     `json:"completion_tokens"`
 	WallSeconds float64 `json:"wall_s"`
+}
+
+// Loadgen runs the load generator bin with args and --json, and returns its levels.
+func Loadgen(bin string, args ...string) ([]Level, error) {
+	out, err := Output(exec.Command(bin, append(args, "--json")...))
+	if err != nil {
+		return nil, err
+	}
+	var levels []Level
+	if err := json.Unmarshal(out, &levels); err != nil {
+		return nil, fmt.Errorf("%s: %q: %w", bin, out, err)
+	}
+	return levels, nil
+}
+
+// Output runs cmd and returns its standard output; a failure carries its standard error.
+func Output(cmd *exec.Cmd) ([]byte, error) {
+	out, err := cmd.Output()
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			err = fmt.Errorf("%w: %s", err, ee.Stderr)
+		}
+		return out, fmt.Errorf("%s: %w", cmd.Path, err)
+	}
+	return out, nil
 }
 
 // ContextSwitches is how many times the threads of this process have been switched out so

@@ -25,6 +25,20 @@ func testModel(t *testing.T) *Model {
 	return m
 }
 
+// testContext makes a unified context of m (cells cells, seqs sequences, 64-token batches)
+// and a batch, both freed when the test ends.
+func testContext(t testing.TB, m *Model, cells, seqs int) (*Context, *Batch) {
+	t.Helper()
+	c, err := NewContext(m, ContextParams{Cells: cells, Sequences: seqs, Batch: 64, Threads: 2, Unified: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	b := NewBatch(64)
+	t.Cleanup(b.Free)
+	return c, b
+}
+
 // LoadModel reports its progress up to the whole model.
 func TestLoadProgress(t *testing.T) {
 	var got []float32
@@ -112,14 +126,7 @@ func TestContextLayout(t *testing.T) {
 // Decode's answer comes back from the decoding thread: a full cache is ErrNoKVSlot, and
 // the thread decodes again once there is room.
 func TestDecodeNoSlot(t *testing.T) {
-	m := testModel(t)
-	c, err := NewContext(m, ContextParams{Cells: 256, Sequences: 1, Batch: 64, Threads: 2, Unified: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	b := NewBatch(64)
-	defer b.Free()
+	c, b := testContext(t, testModel(t), 256, 1)
 	fill := func(from int) error {
 		b.Clear()
 		for i := range 64 {
@@ -144,13 +151,7 @@ func TestDecodeNoSlot(t *testing.T) {
 
 func TestDecodeGreedy(t *testing.T) {
 	m := testModel(t)
-	c, err := NewContext(m, ContextParams{Cells: 512, Sequences: 2, Batch: 64, Threads: 2, Unified: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	b := NewBatch(64)
-	defer b.Free()
+	c, b := testContext(t, m, 512, 2)
 	s := NewSampler(m, SamplerParams{Temperature: 0})
 	defer s.Free()
 

@@ -11,13 +11,7 @@ import (
 // logits, and that row's batch index.
 func promptLogits(t testing.TB, m *Model) (*Context, int) {
 	t.Helper()
-	c, err := NewContext(m, ContextParams{Cells: 512, Sequences: 1, Batch: 64, Threads: 2, Unified: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	b := NewBatch(64)
-	t.Cleanup(b.Free)
+	c, b := testContext(t, m, 512, 1)
 	prompt, _ := m.Tokenize("once upon a time the river", true, false)
 	var idx int
 	for i, tok := range prompt {
