@@ -65,8 +65,8 @@ func run(rawBin, engineBin, infernodeBin, loadgen, model string, turns int) erro
 		return err
 	}
 
-	// Every measurement samples at temperature 0.8, 64 tokens a stream, steady decode only
-	// (from the last first token to the first finish), as BenchmarkDecode and loadgen count.
+	// Every measurement samples at temperature 0.8, 64 tokens a stream, and counts decode
+	// only (the engine and loadgen: while every stream decodes; llama.cpp alone: its steps).
 	env := append(os.Environ(), "INFERNODE_BENCH_MODEL="+model)
 	var raw, eng, web []rates
 	for t := range turns {
@@ -103,7 +103,7 @@ func run(rawBin, engineBin, infernodeBin, loadgen, model string, turns int) erro
 }
 
 // benchmark runs a test binary's benchmarks matching pattern, 3 iterations each, and reads
-// their tok/s by stream count (the first group of streams).
+// their tok/s by stream count: the first group of the regexp streams in each name.
 func benchmark(bin string, env []string, pattern, streams string) (rates, error) {
 	cmd := exec.Command(bin, "-test.run", "^$", "-test.bench", pattern, "-test.benchtime", "3x")
 	cmd.Env = env

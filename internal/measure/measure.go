@@ -97,7 +97,7 @@ func Output(cmd *exec.Cmd) ([]byte, error) {
 }
 
 // ContextSwitches is how many times the threads of this process have been switched out so
-// far (voluntarily or not; getrusage), for benchmarks to report per token: on a machine
+// far (voluntarily or not; getrusage), for benchmarks to report per step: on a machine
 // whose cores llama.cpp's threads fill, each one is a thread of llama.cpp set aside.
 func ContextSwitches() int64 {
 	var ru syscall.Rusage
