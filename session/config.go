@@ -27,7 +27,7 @@ type Config struct {
 	// or several prompts wait, at the measured prefill rate (shortest prompt first; a
 	// lone prompt may use the whole batch). Shorter gives decoding streams steadier
 	// tokens and short prompts behind long ones their first tokens sooner; longer spends
-	// less on step overhead. Default 150ms (docs/BENCHMARKS.md).
+	// less on step overhead. Default 100ms (docs/BENCHMARKS.md).
 	PrefillSlice time.Duration
 	// Threads is the number of CPU threads llama.cpp uses. Default: all CPUs.
 	Threads int
@@ -73,7 +73,7 @@ func DefaultConfig() Config {
 		Cells:            8192,                   // 8 sequences of 1k tokens, or fewer longer ones
 		Sequences:        8,                      // 2.5x aggregate decode at 8 on 2 cores (docs/BENCHMARKS.md)
 		BatchSize:        512,                    // prefill chunk large enough to reach full speed
-		PrefillSlice:     150 * time.Millisecond, // ~60 tokens a step on the realistic shape, 2 cores
+		PrefillSlice:     100 * time.Millisecond, // ~70 tokens a step on the realistic shape, 2 cores
 		Threads:          runtime.NumCPU(),       // the engine is the process's main work
 		UnifiedKV:        true,
 		KVType:           "f16",
