@@ -52,7 +52,9 @@ static void *decoder_main(void *arg) {
 		int32_t rc = llama_decode(d->ctx, b);
 		pthread_mutex_lock(&d->mu);
 		d->rc = rc;
-		d->state = 0;
+		if (d->state == 1) {
+			d->state = 0; // not 2: a decoder_free that came meanwhile still stops the thread
+		}
 		pthread_mutex_unlock(&d->mu);
 		uint64_t one = 1;
 		if (write(d->done, &one, sizeof one) != sizeof one) {
