@@ -35,6 +35,14 @@ func testBody(n int, ended *[]error) *eventStream {
 	}
 }
 
+// endedOnce fails t unless end was called exactly once, with want (errors.Is; nil: nil).
+func endedOnce(t *testing.T, ended []error, want error) {
+	t.Helper()
+	if len(ended) != 1 || !errors.Is(ended[0], want) {
+		t.Errorf("end called with %v, want once with %v", ended, want)
+	}
+}
+
 func TestEventStream(t *testing.T) {
 	t.Run("WriteTo", func(t *testing.T) {
 		var ended []error
@@ -48,9 +56,7 @@ func TestEventStream(t *testing.T) {
 			t.Errorf("second WriteTo: %v, want %v", err, errBodyWritten)
 		}
 		b.Close()
-		if len(ended) != 1 || ended[0] != nil {
-			t.Errorf("end called with %v, want once with nil", ended)
-		}
+		endedOnce(t, ended, nil)
 	})
 	t.Run("Read", func(t *testing.T) {
 		var ended []error
@@ -60,17 +66,13 @@ func TestEventStream(t *testing.T) {
 			t.Fatalf("ReadAll = %q, %v", got, err)
 		}
 		b.Close()
-		if len(ended) != 1 || ended[0] != nil {
-			t.Errorf("end called with %v, want once with nil", ended)
-		}
+		endedOnce(t, ended, nil)
 	})
 	t.Run("closed unwritten", func(t *testing.T) {
 		var ended []error
 		b := testBody(3, &ended)
 		b.Close()
-		if len(ended) != 1 || !errors.Is(ended[0], errClientGone) {
-			t.Errorf("end called with %v, want once with %v", ended, errClientGone)
-		}
+		endedOnce(t, ended, errClientGone)
 	})
 	t.Run("closed mid-read", func(t *testing.T) {
 		var ended []error
@@ -79,9 +81,7 @@ func TestEventStream(t *testing.T) {
 			t.Fatal(err)
 		}
 		b.Close() // returns only once the writer has stopped
-		if len(ended) != 1 || !errors.Is(ended[0], io.ErrClosedPipe) {
-			t.Errorf("end called with %v, want once with %v", ended, io.ErrClosedPipe)
-		}
+		endedOnce(t, ended, io.ErrClosedPipe)
 	})
 	t.Run("served", func(t *testing.T) {
 		// fasthttp writes it through WriteTo, on its own goroutine: no pipe.
