@@ -23,8 +23,9 @@ package llama
 // decoder runs llama_decode on a thread of its own and reports each batch done on an
 // eventfd, which Go reads through its poller. A cgo call holds its P in a system call
 // state; one longer than 10 ms (a decode step) has it retaken, and the call's return then
-// wakes Go's sysmon into its 20 µs polling cadence: about 20 wake-ups a token, each
-// preempting one of llama.cpp's threads on a machine whose cores they fill.
+// wakes Go's sysmon into its 20 µs polling cadence: about 25 wake-ups a token at one
+// stream, each preempting one of llama.cpp's threads on a machine whose cores they fill
+// (docs/BENCHMARKS.md).
 typedef struct decoder {
 	pthread_t thread;
 	pthread_mutex_t mu;
