@@ -59,6 +59,8 @@ var (
 		Code: "unsupported_media_type", Message: "Content-Type must be application/json"}
 	errTooManyStreams = &apiError{Status: fasthttp.StatusServiceUnavailable, Type: "server_error", Code: "overloaded",
 		Message: "too many requests in flight on this node; retry shortly", RetryAfter: 1}
+	errInternal = &apiError{Status: fasthttp.StatusInternalServerError, Type: "server_error", Code: "internal_error",
+		Message: "internal error; the node logged it and keeps serving"}
 	errNotReady = &apiError{Status: fasthttp.StatusServiceUnavailable, Type: "server_error", Code: "not_ready",
 		Message: "this node is not ready to serve (loading the model or shutting down)", RetryAfter: 2}
 )

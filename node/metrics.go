@@ -18,6 +18,7 @@ type metrics struct {
 	itl           prometheus.Histogram
 	cancellations *prometheus.CounterVec // cause
 	turns         *prometheus.CounterVec // cache: warm, cold
+	panics        prometheus.Counter
 }
 
 // Causes of cancellation, as labels.
@@ -46,6 +47,9 @@ func newMetrics(stats func() infer.Stats) *metrics {
 			Name: "infernode_cancellations_total", Help: "Generations canceled before they finished, by cause.",
 		}, []string{"cause"}),
 	}
+	m.panics = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "infernode_handler_panics_total", Help: "Panics recovered in HTTP handlers (each answered 500 and logged with its stack).",
+	})
 	m.turns = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "infernode_followup_turns_total",
 		Help: "Chat turns after an earlier answer entering here, by whether the node serving them found their conversation's KV (warm) or prefilled it all (cold).",
@@ -64,7 +68,7 @@ func newMetrics(stats func() infer.Stats) *metrics {
 	m.reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.requests, m.ttft, m.itl, m.cancellations, m.turns,
+		m.requests, m.ttft, m.itl, m.cancellations, m.turns, m.panics,
 		gauge("infernode_running_sequences", "Requests being prefilled or decoded.", func(s infer.Stats) float64 { return float64(s.Running) }),
 		gauge("infernode_waiting_requests", "Requests queued for a sequence.", func(s infer.Stats) float64 { return float64(s.Waiting) }),
 		gauge("infernode_cached_conversations", "Idle conversations holding KV cells, replicas included.", func(s infer.Stats) float64 { return float64(s.Conversations) }),

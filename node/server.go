@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
@@ -50,6 +51,7 @@ type Server struct {
 	metrics *metrics
 	http    *fasthttp.Server
 	promh   fasthttp.RequestHandler
+	routes  map[string]route
 	slots   chan struct{} // one token per in-flight generation (MaxStreams)
 	created int64
 	// stopFeeds is closed when the server shuts down: event feeds (GET /v1/events) end.
@@ -101,6 +103,7 @@ func New(cfg Config, engine Engine, router *routing.Router) (*Server, error) {
 	}
 	s.base, s.cancelBase = context.WithCancel(context.Background())
 	s.promh = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}))
+	s.routes = s.routeTable()
 	s.http = &fasthttp.Server{
 		Handler:              s.handle,
 		ErrorHandler:         s.handleParseError,
@@ -207,73 +210,90 @@ func (s *Server) Close() {
 	s.closeOnce.Do(s.cancelBase)
 }
 
-// handle routes a request.
+// handle routes a request. Every request is counted under a label from a fixed set (a
+// route, or "other"), never its raw path: a path is client input, possibly not even UTF-8,
+// and each distinct label would be a metric series of its own. A panic in a handler is
+// recovered, logged with its stack, counted and answered 500: the node stays up.
 func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	path := string(ctx.Path())
-	endpoint, status := path, 0
+	endpoint := "other"
+	defer func() {
+		if v := recover(); v != nil {
+			s.log.Error("handler panic", "endpoint", endpoint, "panic", v, "stack", string(debug.Stack()))
+			s.metrics.panics.Inc()
+			ctx.Response.Reset()
+			writeError(ctx, errInternal)
+		}
+		if len(ctx.Response.Header.Peek(routing.NodeHeader)) == 0 {
+			ctx.Response.Header.Set(routing.NodeHeader, s.cfg.ID)
+		}
+		s.metrics.request(endpoint, ctx.Response.StatusCode())
+	}()
+	r, ok := s.routes[path]
+	if ok {
+		endpoint = path
+	} else if id, found := strings.CutPrefix(path, "/v1/models/"); found && id != "" {
+		endpoint = "/v1/models/{id}"
+		r, ok = route{method: fasthttp.MethodGet, auth: true, serve: func(ctx *fasthttp.RequestCtx) { s.handleModel(ctx, id) }}, true
+	}
 	switch {
-	case path != routing.KVPath && path != routing.ReplicaPath && len(ctx.Request.Body()) > s.cfg.MaxBodyBytes:
+	case !r.kv && len(ctx.Request.Body()) > s.cfg.MaxBodyBytes:
 		// The server reads bodies past MaxBodyBytes (KV frames, and so that a client
 		// slightly over gets a clean 413 rather than a reset); every other route keeps
-		// the bound.
-		status = writeError(ctx, errBodyTooLarge).Status
-		path = "oversized"
-	}
-	switch path {
-	case "oversized":
-	case "/v1/chat/completions":
-		status = s.guard(ctx, true, fasthttp.MethodPost, func() { s.handleCompletion(ctx, true) })
-	case "/v1/completions":
-		status = s.guard(ctx, true, fasthttp.MethodPost, func() { s.handleCompletion(ctx, false) })
-	case "/v1/models":
-		status = s.guard(ctx, true, fasthttp.MethodGet, func() { s.handleModels(ctx) })
-	case "/healthz":
-		status = s.guard(ctx, false, fasthttp.MethodGet, func() { writeJSON(ctx, fasthttp.StatusOK, map[string]string{"status": "ok"}) })
-	case "/readyz":
-		status = s.guard(ctx, false, fasthttp.MethodGet, func() { s.handleReady(ctx) })
-	case "/v1/cluster":
-		status = s.guard(ctx, true, fasthttp.MethodGet, func() { s.handleCluster(ctx) })
-	case "/v1/events":
-		status = s.guard(ctx, true, fasthttp.MethodGet, func() { s.handleEvents(ctx) })
-	case "/", "/dashboard":
-		// The page holds no data (it fetches it with the key the user gives it), so it is
-		// served without one.
-		status = s.guard(ctx, false, fasthttp.MethodGet, func() { s.handleDashboard(ctx) })
-	case routing.Path:
-		status = s.guard(ctx, false, fasthttp.MethodPost, func() { s.handleInternal(ctx) })
-	case routing.KVPath, routing.ReplicaPath:
-		status = s.guard(ctx, false, fasthttp.MethodPost, func() { s.handleKV(ctx, path == routing.ReplicaPath) })
-	case routing.PullPath:
-		status = s.guard(ctx, false, fasthttp.MethodPost, func() { s.handlePull(ctx) })
-	case "/metrics":
-		status = s.guard(ctx, !s.cfg.MetricsOpen, fasthttp.MethodGet, func() { s.promh(ctx) })
+		// the bound, whether it exists or not.
+		writeError(ctx, errBodyTooLarge)
+	case !ok:
+		writeError(ctx, errNotFound)
 	default:
-		if len(path) > len("/v1/models/") && path[:len("/v1/models/")] == "/v1/models/" {
-			endpoint = "/v1/models/{id}"
-			status = s.guard(ctx, true, fasthttp.MethodGet, func() { s.handleModel(ctx, path[len("/v1/models/"):]) })
-		} else {
-			endpoint = "other"
-			status = writeError(ctx, errNotFound).Status
-		}
+		s.guard(ctx, r)
 	}
-	if len(ctx.Response.Header.Peek(routing.NodeHeader)) == 0 {
-		ctx.Response.Header.Set(routing.NodeHeader, s.cfg.ID)
-	}
-	s.metrics.request(endpoint, status)
 }
 
-// guard checks method and API key, runs serve, and returns the status sent.
-func (s *Server) guard(ctx *fasthttp.RequestCtx, auth bool, method string, serve func()) int {
+// route is how one path is served.
+type route struct {
+	method string
+	auth   bool // the API key is required
+	kv     bool // the body is a KV frame, bounded by MaxKVBytes rather than MaxBodyBytes
+	serve  fasthttp.RequestHandler
+}
+
+// routes are the paths a node serves, and so the only endpoint labels besides
+// "/v1/models/{id}" and "other".
+func (s *Server) routeTable() map[string]route {
+	get, post := fasthttp.MethodGet, fasthttp.MethodPost
+	return map[string]route{
+		"/v1/chat/completions": {method: post, auth: true, serve: func(ctx *fasthttp.RequestCtx) { s.handleCompletion(ctx, true) }},
+		"/v1/completions":      {method: post, auth: true, serve: func(ctx *fasthttp.RequestCtx) { s.handleCompletion(ctx, false) }},
+		"/v1/models":           {method: get, auth: true, serve: s.handleModels},
+		"/healthz": {method: get, serve: func(ctx *fasthttp.RequestCtx) {
+			writeJSON(ctx, fasthttp.StatusOK, map[string]string{"status": "ok"})
+		}},
+		"/readyz":     {method: get, serve: s.handleReady},
+		"/v1/cluster": {method: get, auth: true, serve: s.handleCluster},
+		"/v1/events":  {method: get, auth: true, serve: s.handleEvents},
+		// The page holds no data (it fetches it with the key the user gives it), so it is
+		// served without one.
+		"/":                 {method: get, serve: s.handleDashboard},
+		"/dashboard":        {method: get, serve: s.handleDashboard},
+		routing.Path:        {method: post, serve: s.handleInternal},
+		routing.KVPath:      {method: post, kv: true, serve: func(ctx *fasthttp.RequestCtx) { s.handleKV(ctx, false) }},
+		routing.ReplicaPath: {method: post, kv: true, serve: func(ctx *fasthttp.RequestCtx) { s.handleKV(ctx, true) }},
+		routing.PullPath:    {method: post, serve: s.handlePull},
+		"/metrics":          {method: get, auth: !s.cfg.MetricsOpen, serve: s.promh},
+	}
+}
+
+// guard checks method and API key, then serves.
+func (s *Server) guard(ctx *fasthttp.RequestCtx, r route) {
 	switch {
-	case string(ctx.Method()) != method:
-		ctx.Response.Header.Set("Allow", method)
-		writeError(ctx, methodNotAllowed(method))
-	case auth && !s.authorized(ctx):
+	case string(ctx.Method()) != r.method:
+		ctx.Response.Header.Set("Allow", r.method)
+		writeError(ctx, methodNotAllowed(r.method))
+	case r.auth && !s.authorized(ctx):
 		writeError(ctx, errUnauthorized)
 	default:
-		serve()
+		r.serve(ctx)
 	}
-	return ctx.Response.StatusCode()
 }
 
 func (s *Server) authorized(ctx *fasthttp.RequestCtx) bool {

@@ -270,3 +270,25 @@ func TestControlTokensStayText(t *testing.T) {
 		t.Errorf("content with a NUL byte: status %d, want 400", resp.StatusCode)
 	}
 }
+
+// TestHostilePathKeepsNodeUp, on a real cluster node and without any key: a body one byte
+// over the API limit sent to a path that is not UTF-8 is answered 413, and the node stays
+// up. It used to kill the process (the raw path became a Prometheus label).
+func TestHostilePathKeepsNodeUp(t *testing.T) {
+	c := startCluster(t, 1)
+	n := c.Nodes[0]
+	resp, err := client.Post(n.URL()+"/%ff", "application/json", strings.NewReader(strings.Repeat("x", 4<<20+1)))
+	if err != nil {
+		t.Fatalf("oversized POST /%%ff: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 413 {
+		t.Errorf("oversized POST /%%ff: status %d, want 413", resp.StatusCode)
+	}
+	if a := chat(t, n.URL(), []message{{Role: "user", Content: "still there?"}}, 2); a.status != 200 || !n.Running() {
+		t.Errorf("after the hostile request: chat status %d, process running %v", a.status, n.Running())
+	}
+	if m := metrics(t, n); !strings.Contains(m, `infernode_http_requests_total{endpoint="other",status="413"} 1`) {
+		t.Errorf("the request is not counted under \"other\":\n%s", m)
+	}
+}
