@@ -19,6 +19,7 @@ import (
 
 	"github.com/infernode/infernode/gossip"
 	"github.com/infernode/infernode/internal/poll"
+	"github.com/infernode/infernode/node/hop"
 	"github.com/infernode/infernode/node/routing"
 	"github.com/infernode/infernode/session/infer"
 )
@@ -148,7 +149,7 @@ func ownedBy(t testing.TB, entry fakeNode, id string, n int) []string {
 		sid := fmt.Sprint("conv-", i)
 		resp := postJSON(t, entry.url+"/v1/completions", `{"prompt":"hello","max_tokens":1}`, "X-Session-ID", sid)
 		resp.Body.Close()
-		if resp.Header.Get(routing.NodeHeader) == id {
+		if resp.Header.Get(hop.NodeHeader) == id {
 			ids = append(ids, sid)
 		}
 		if i > 10000 {
@@ -172,15 +173,15 @@ func postJSON(t testing.TB, url, body string, header ...string) *http.Response {
 	return resp
 }
 
-// hop is a hand-made hop request, signed as a peer would sign it (or not).
-type hop struct {
+// handHop is a hand-made hop request, signed as a peer would sign it (or not).
+type handHop struct {
 	from, to, version, nonce string
 	at                       time.Time
 	body                     string
 	key                      []byte
 }
 
-func (h hop) send(t *testing.T, url string) (int, string) {
+func (h handHop) send(t *testing.T, url string) (int, string) {
 	t.Helper()
 	if h.version == "" {
 		h.version = "1.0"
@@ -193,20 +194,20 @@ func (h hop) send(t *testing.T, url string) (int, string) {
 		h.at = time.Now()
 	}
 	ts := strconv.FormatInt(h.at.UnixMilli(), 10)
-	req, _ := http.NewRequest("POST", url+routing.Path, strings.NewReader(h.body))
+	req, _ := http.NewRequest("POST", url+hop.Path, strings.NewReader(h.body))
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(routing.HeaderFrom, h.from)
-	req.Header.Set(routing.HeaderTo, h.to)
-	req.Header.Set(routing.HeaderVersion, h.version)
-	req.Header.Set(routing.HeaderTime, ts)
-	req.Header.Set(routing.HeaderNonce, h.nonce)
+	req.Header.Set(hop.HeaderFrom, h.from)
+	req.Header.Set(hop.HeaderTo, h.to)
+	req.Header.Set(hop.HeaderVersion, h.version)
+	req.Header.Set(hop.HeaderTime, ts)
+	req.Header.Set(hop.HeaderNonce, h.nonce)
 	if h.key != nil {
 		sum := sha256.Sum256([]byte(h.body))
 		m := hmac.New(sha256.New, h.key)
-		for _, part := range []string{"infernode-hop", "POST", routing.Path, h.from, h.to, h.version, ts, h.nonce, hex.EncodeToString(sum[:])} {
+		for _, part := range []string{"infernode-hop", "POST", hop.Path, h.from, h.to, h.version, ts, h.nonce, hex.EncodeToString(sum[:])} {
 			m.Write([]byte(part + "\n"))
 		}
-		req.Header.Set(routing.HeaderSignature, hex.EncodeToString(m.Sum(nil)))
+		req.Header.Set(hop.HeaderSignature, hex.EncodeToString(m.Sum(nil)))
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -225,7 +226,7 @@ func TestHopAuthentication(t *testing.T) {
 	nodes := startFakeCluster(t, 2, testSecret)
 	target := nodes[1]
 	body := `{"model":"fake","session_id":"k","prompt":"hello","max_tokens":1,"temperature":0,"top_p":1}`
-	good := hop{from: "n1", to: "n2", body: body, key: testSecret}
+	good := handHop{from: "n1", to: "n2", body: body, key: testSecret}
 	served := func() int64 { return target.engine.served.Load() }
 
 	if status, out := good.send(t, target.url); status != 200 || !strings.Contains(out, `"done"`) {
@@ -239,14 +240,14 @@ func TestHopAuthentication(t *testing.T) {
 	before := served()
 	for _, tc := range []struct {
 		name string
-		h    hop
+		h    handHop
 	}{
-		{"unsigned", hop{from: "n1", to: "n2", body: body}},
-		{"forged", hop{from: "n1", to: "n2", body: body, key: []byte("not-the-cluster-secret-at-all!!!")}},
+		{"unsigned", handHop{from: "n1", to: "n2", body: body}},
+		{"forged", handHop{from: "n1", to: "n2", body: body, key: []byte("not-the-cluster-secret-at-all!!!")}},
 		{"replayed", replay},
-		{"stale", hop{from: "n1", to: "n2", body: body, key: testSecret, at: time.Now().Add(-31 * time.Second)}},
-		{"from the future", hop{from: "n1", to: "n2", body: body, key: testSecret, at: time.Now().Add(31 * time.Second)}},
-		{"for another node", hop{from: "n1", to: "n1", body: body, key: testSecret}},
+		{"stale", handHop{from: "n1", to: "n2", body: body, key: testSecret, at: time.Now().Add(-31 * time.Second)}},
+		{"from the future", handHop{from: "n1", to: "n2", body: body, key: testSecret, at: time.Now().Add(31 * time.Second)}},
+		{"for another node", handHop{from: "n1", to: "n1", body: body, key: testSecret}},
 	} {
 		if status, out := tc.h.send(t, target.url); status != 401 {
 			t.Errorf("%s hop: status %d (%s), want 401", tc.name, status, out)
@@ -257,7 +258,7 @@ func TestHopAuthentication(t *testing.T) {
 	}
 
 	// A newer minor version's extra field is ignored; a newer major version is refused.
-	newer := hop{from: "n1", to: "n2", version: "1.7", key: testSecret,
+	newer := handHop{from: "n1", to: "n2", version: "1.7", key: testSecret,
 		body: `{"model":"fake","session_id":"k","prompt":"hi","temperature":0,"top_p":1,"speculative":{"draft":"x"}}`}
 	if status, out := newer.send(t, target.url); status != 200 {
 		t.Errorf("hop with an unknown field from version 1.7: status %d (%s), want 200", status, out)
@@ -276,7 +277,7 @@ func TestHopAuthentication(t *testing.T) {
 		{`{"model":"fake","session_id":"k","prompt":"hi","temperature":9,"top_p":1}`, "temperature"},
 		{`{"model":"fake","session_id":"` + strings.Repeat("k", 400) + `","prompt":"hi","temperature":0,"top_p":1}`, "session_id"},
 	} {
-		h := hop{from: "n1", to: "n2", key: testSecret, body: tc.body}
+		h := handHop{from: "n1", to: "n2", key: testSecret, body: tc.body}
 		if status, out := h.send(t, target.url); status/100 != 4 || !strings.Contains(out, tc.want) {
 			t.Errorf("hop %s: status %d (%s), want a 4xx naming %s", tc.body[:min(60, len(tc.body))], status, out, tc.want)
 		}
@@ -289,7 +290,7 @@ func TestHopAuthentication(t *testing.T) {
 	// ring says another node owns the conversation.
 	foreign := ownedBy(t, nodes[0], "n1", 1)[0]
 	n1Before := nodes[0].engine.served.Load()
-	h := hop{from: "n1", to: "n2", key: testSecret,
+	h := handHop{from: "n1", to: "n2", key: testSecret,
 		body: `{"model":"fake","session_id":"s:` + principal("", "") + `:` + foreign + `","prompt":"hi","temperature":0,"top_p":1}`}
 	if status, out := h.send(t, target.url); status != 200 || nodes[0].engine.served.Load() != n1Before {
 		t.Errorf("hop for a conversation n1 owns: status %d (%s), n1 served %d more, want 200 from n2 and no second hop",
@@ -300,8 +301,8 @@ func TestHopAuthentication(t *testing.T) {
 	sid := ownedBy(t, nodes[0], "n2", 1)[0]
 	resp := postJSON(t, nodes[0].url+"/v1/completions", `{"prompt":"hello","max_tokens":1}`, "X-Session-ID", sid)
 	resp.Body.Close()
-	if resp.StatusCode != 200 || resp.Header.Get(routing.NodeHeader) != "n2" {
-		t.Errorf("forwarded request: status %d served by %q, want 200 from n2", resp.StatusCode, resp.Header.Get(routing.NodeHeader))
+	if resp.StatusCode != 200 || resp.Header.Get(hop.NodeHeader) != "n2" {
+		t.Errorf("forwarded request: status %d served by %q, want 200 from n2", resp.StatusCode, resp.Header.Get(hop.NodeHeader))
 	}
 }
 
@@ -316,7 +317,7 @@ func TestDrainingNodeHandsOff(t *testing.T) {
 	for _, sid := range sids {
 		resp := postJSON(t, nodes[0].url+"/v1/completions", `{"prompt":"hello","max_tokens":1}`, "X-Session-ID", sid)
 		resp.Body.Close()
-		if node := resp.Header.Get(routing.NodeHeader); resp.StatusCode != 200 || node == "n1" || node == "" {
+		if node := resp.Header.Get(hop.NodeHeader); resp.StatusCode != 200 || node == "n1" || node == "" {
 			t.Errorf("draining owner answered %d, served by %q; want 200 from another owner", resp.StatusCode, node)
 		}
 	}
@@ -335,7 +336,7 @@ func TestDrainingNodeHandsOff(t *testing.T) {
 
 func TestStandaloneHasNoHop(t *testing.T) {
 	url, _ := startStandalone(t, &fakeEngine{n: 1}, nil)
-	status, _ := hop{from: "x", to: "y", body: `{"prompt":"hi"}`}.send(t, url)
+	status, _ := handHop{from: "x", to: "y", body: `{"prompt":"hi"}`}.send(t, url)
 	if status != 404 {
 		t.Errorf("hop to a standalone node: status %d, want 404", status)
 	}

@@ -2,7 +2,6 @@ package node
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -10,29 +9,17 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/infernode/infernode/node/hop"
 	"github.com/infernode/infernode/node/routing"
 	"github.com/infernode/infernode/session/infer"
 )
 
-// apiError is an error as an OpenAI-compatible client sees it: a status and
-// {"error": {"message", "type", "param", "code"}}.
-type apiError struct {
-	Status     int    `json:"-"`
-	Message    string `json:"message"`
-	Type       string `json:"type"`
-	Param      any    `json:"param"` // string or null
-	Code       any    `json:"code"`  // string or null
-	RetryAfter int    `json:"-"`     // seconds; 0 sends no Retry-After
-}
-
-func (e *apiError) Error() string { return e.Message }
-
-func badRequest(param, format string, args ...any) *apiError {
-	return &apiError{Status: fasthttp.StatusBadRequest, Type: "invalid_request_error", Param: nullable(param),
+func badRequest(param, format string, args ...any) *hop.Error {
+	return &hop.Error{Status: fasthttp.StatusBadRequest, Type: "invalid_request_error", Param: nullable(param),
 		Message: fmt.Sprintf(format, args...)}
 }
 
-func unsupported(param string) *apiError {
+func unsupported(param string) *hop.Error {
 	e := badRequest(param, "parameter %q is not supported by infernode", param)
 	e.Code = "unsupported_parameter"
 	return e
@@ -47,52 +34,48 @@ func nullable(s string) any {
 
 // Errors of the HTTP layer itself.
 var (
-	errStandalone = &apiError{Status: fasthttp.StatusNotFound, Type: "invalid_request_error", Code: "not_clustered",
+	errStandalone = &hop.Error{Status: fasthttp.StatusNotFound, Type: "invalid_request_error", Code: "not_clustered",
 		Message: "this node runs standalone (no --gossip-addr)"}
-	errNotFound = &apiError{Status: fasthttp.StatusNotFound, Type: "invalid_request_error", Code: "not_found",
+	errNotFound = &hop.Error{Status: fasthttp.StatusNotFound, Type: "invalid_request_error", Code: "not_found",
 		Message: "no such route"}
-	errUnauthorized = &apiError{Status: fasthttp.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_api_key",
+	errUnauthorized = &hop.Error{Status: fasthttp.StatusUnauthorized, Type: "invalid_request_error", Code: "invalid_api_key",
 		Message: "missing or wrong API key: send Authorization: Bearer <key>"}
-	errBodyTooLarge = &apiError{Status: fasthttp.StatusRequestEntityTooLarge, Type: "invalid_request_error",
+	errBodyTooLarge = &hop.Error{Status: fasthttp.StatusRequestEntityTooLarge, Type: "invalid_request_error",
 		Code: "request_too_large", Message: "request body is larger than this node accepts"}
-	errContentType = &apiError{Status: fasthttp.StatusUnsupportedMediaType, Type: "invalid_request_error",
+	errContentType = &hop.Error{Status: fasthttp.StatusUnsupportedMediaType, Type: "invalid_request_error",
 		Code: "unsupported_media_type", Message: "Content-Type must be application/json"}
-	errTooManyStreams = &apiError{Status: fasthttp.StatusServiceUnavailable, Type: "server_error", Code: "overloaded",
+	errTooManyStreams = &hop.Error{Status: fasthttp.StatusServiceUnavailable, Type: "server_error", Code: "overloaded",
 		Message: "too many requests in flight on this node; retry shortly", RetryAfter: 1}
-	errInternal = &apiError{Status: fasthttp.StatusInternalServerError, Type: "server_error", Code: "internal_error",
+	errInternal = &hop.Error{Status: fasthttp.StatusInternalServerError, Type: "server_error", Code: "internal_error",
 		Message: "internal error; the node logged it and keeps serving"}
-	errNotReady = &apiError{Status: fasthttp.StatusServiceUnavailable, Type: "server_error", Code: "not_ready",
+	errNotReady = &hop.Error{Status: fasthttp.StatusServiceUnavailable, Type: "server_error", Code: "not_ready",
 		Message: "this node is not ready to serve (loading the model or shutting down)", RetryAfter: 2}
 )
 
-func methodNotAllowed(allow string) *apiError {
-	return &apiError{Status: fasthttp.StatusMethodNotAllowed, Type: "invalid_request_error", Code: "method_not_allowed",
+func methodNotAllowed(allow string) *hop.Error {
+	return &hop.Error{Status: fasthttp.StatusMethodNotAllowed, Type: "invalid_request_error", Code: "method_not_allowed",
 		Message: "method not allowed; use " + allow}
 }
 
 // toAPIError maps any error a request can meet to what the client is told. It is the only
 // place that decides statuses for errors.
-func toAPIError(err error) *apiError {
-	var ae *apiError
+func toAPIError(err error) *hop.Error {
+	var ae *hop.Error
 	var invalid *infer.InvalidError
 	var tooLong *infer.PromptTooLongError
-	var hop *routing.Error
 	switch {
-	case errors.As(err, &ae):
+	case errors.As(err, &ae): // ours, or a peer's as it came across the hop
 		return ae
-	case errors.As(err, &hop):
-		return &apiError{Status: hop.Status, Message: hop.Message, Type: hop.Type, Param: hop.Param, Code: hop.Code,
-			RetryAfter: hop.RetryAfter}
-	case errors.Is(err, routing.ErrUnauthorized):
+	case errors.Is(err, hop.ErrUnauthorized):
 		e := *errUnauthorized
 		e.Message = err.Error()
 		return &e
-	case errors.Is(err, routing.ErrVersion):
+	case errors.Is(err, hop.ErrVersion):
 		e := badRequest("", "%s", err.Error())
 		e.Code = "hop_version"
 		return e
 	case errors.Is(err, routing.ErrNoModel): // its last node left between parsing and routing
-		return &apiError{Status: fasthttp.StatusNotFound, Type: "invalid_request_error", Param: "model", Code: "model_not_found",
+		return &hop.Error{Status: fasthttp.StatusNotFound, Type: "invalid_request_error", Param: "model", Code: "model_not_found",
 			Message: err.Error()}
 	case errors.As(err, &tooLong):
 		e := badRequest("messages", "%s", tooLong.Error())
@@ -108,42 +91,28 @@ func toAPIError(err error) *apiError {
 		if errors.As(err, &o) {
 			retry = max(1, int(math.Ceil(o.RetryAfter.Seconds())))
 		}
-		return &apiError{Status: fasthttp.StatusServiceUnavailable, Type: "server_error", Code: "overloaded",
+		return &hop.Error{Status: fasthttp.StatusServiceUnavailable, Type: "server_error", Code: "overloaded",
 			Message: err.Error(), RetryAfter: retry}
 	case errors.Is(err, infer.ErrClosed):
 		return errNotReady
 	case errors.Is(err, infer.ErrFrame):
-		return &apiError{Status: fasthttp.StatusBadRequest, Type: "invalid_request_error", Code: "kv_frame", Message: err.Error()}
+		return &hop.Error{Status: fasthttp.StatusBadRequest, Type: "invalid_request_error", Code: "kv_frame", Message: err.Error()}
 	case errors.Is(err, infer.ErrNotCached):
-		return &apiError{Status: fasthttp.StatusNotFound, Type: "invalid_request_error", Code: "not_cached", Message: err.Error()}
+		return &hop.Error{Status: fasthttp.StatusNotFound, Type: "invalid_request_error", Code: "not_cached", Message: err.Error()}
 	case errors.Is(err, context.DeadlineExceeded):
-		return &apiError{Status: fasthttp.StatusGatewayTimeout, Type: "server_error", Code: "timeout",
+		return &hop.Error{Status: fasthttp.StatusGatewayTimeout, Type: "server_error", Code: "timeout",
 			Message: "request deadline exceeded"}
 	case errors.Is(err, infer.ErrCanceled):
 		// Nobody is listening; 499 (client closed request) is for logs and metrics.
-		return &apiError{Status: 499, Type: "server_error", Code: "canceled", Message: err.Error()}
+		return &hop.Error{Status: 499, Type: "server_error", Code: "canceled", Message: err.Error()}
 	default:
-		return &apiError{Status: fasthttp.StatusInternalServerError, Type: "server_error", Code: "internal_error",
+		return &hop.Error{Status: fasthttp.StatusInternalServerError, Type: "server_error", Code: "internal_error",
 			Message: err.Error()}
 	}
 }
 
-// hopError is err as it crosses the hop back to the entry node.
-func hopError(err error) *routing.Error {
-	e := toAPIError(err)
-	return &routing.Error{Status: e.Status, Message: e.Message, Type: e.Type, Param: e.Param, Code: e.Code, RetryAfter: e.RetryAfter}
-}
-
-// errorBody is the JSON of an error response or SSE error event.
-func errorBody(e *apiError) []byte {
-	b, _ := json.Marshal(struct {
-		Error *apiError `json:"error"`
-	}{e})
-	return b
-}
-
 // writeError sends err as an OpenAI error response.
-func writeError(ctx *fasthttp.RequestCtx, err error) *apiError {
+func writeError(ctx *fasthttp.RequestCtx, err error) *hop.Error {
 	e := toAPIError(err)
 	ctx.Response.Reset()
 	ctx.SetStatusCode(e.Status)
@@ -151,6 +120,6 @@ func writeError(ctx *fasthttp.RequestCtx, err error) *apiError {
 	if e.RetryAfter > 0 {
 		ctx.Response.Header.Set("Retry-After", strconv.Itoa(e.RetryAfter))
 	}
-	ctx.SetBody(errorBody(e))
+	ctx.SetBody(e.Body())
 	return e
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/infernode/infernode/node/hop"
 	"github.com/infernode/infernode/node/routing"
 	"github.com/infernode/infernode/session/infer"
 )
@@ -38,7 +39,7 @@ type completion struct {
 	includeUsage bool
 	followUp     bool   // a chat turn after an earlier answer: its conversation may have KV somewhere
 	foreign      bool   // for a model only peers serve: routed to them, never served here
-	formatted    string // the prompt formatted here from a peer's messages (see routing.NewAnswer)
+	formatted    string // the prompt formatted here from a peer's messages (see hop.NewAnswer)
 	req          infer.Request
 	start        time.Time
 }
@@ -66,16 +67,16 @@ func (s *Server) handleInternal(ctx *fasthttp.RequestCtx) {
 		writeError(ctx, errNotFound)
 		return
 	}
-	hop, err := s.router.Accept(inbound(ctx))
+	wire, err := s.router.Hop().Accept(inbound(ctx))
 	if err != nil {
 		writeError(ctx, err)
 		return
 	}
-	if hop.Model != s.cfg.ModelName {
-		writeError(ctx, s.unknownModel(hop.Model))
+	if wire.Model != s.cfg.ModelName {
+		writeError(ctx, s.unknownModel(wire.Model))
 		return
 	}
-	c := &completion{internal: true, endpoint: routing.Path, stream: true, start: time.Now(), model: s.cfg.ModelName, req: hop.Engine()}
+	c := &completion{internal: true, endpoint: hop.Path, stream: true, start: time.Now(), model: s.cfg.ModelName, req: wire.Engine()}
 	if c.req.Prompt == "" && len(c.req.Messages) > 0 {
 		// A chat from a node that does not serve this model: formatted here, and the
 		// prompt goes back with the first text so the answer can resume elsewhere.
@@ -93,8 +94,8 @@ func (s *Server) handleInternal(ctx *fasthttp.RequestCtx) {
 }
 
 // inbound is a peer's request as routing authenticates it.
-func inbound(ctx *fasthttp.RequestCtx) routing.Inbound {
-	return routing.Inbound{Method: string(ctx.Method()), Path: string(ctx.Path()), Body: ctx.PostBody(),
+func inbound(ctx *fasthttp.RequestCtx) hop.Inbound {
+	return hop.Inbound{Method: string(ctx.Method()), Path: string(ctx.Path()), Body: ctx.PostBody(),
 		Header: func(name string) string { return string(ctx.Request.Header.Peek(name)) }}
 }
 
@@ -296,7 +297,7 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, c *completion, submit submit
 // can try the next owner.
 func (s *Server) answerHop(ctx *fasthttp.RequestCtx, st infer.Stream, formatted string, cancel context.CancelCauseFunc, done, ended func()) {
 	keepAlive := s.router.KeepAlive()
-	a := routing.NewAnswer(st, formatted)
+	a := hop.NewAnswer(st, formatted)
 	if err := a.Wait(keepAlive); err != nil {
 		a.Close()
 		done()
@@ -305,7 +306,7 @@ func (s *Server) answerHop(ctx *fasthttp.RequestCtx, st infer.Stream, formatted 
 	}
 	s.setGenerationHeaders(ctx, st)
 	s.streamBody(ctx, "application/x-ndjson", false, cancel, done, func(w *sseWriter) error {
-		return a.Write(w.data, keepAlive, hopError, ended)
+		return a.Write(w.data, keepAlive, toAPIError, ended)
 	})
 }
 
@@ -454,7 +455,7 @@ func (s *Server) stream(sse *sseWriter, st infer.Stream, c *completion, first st
 	if res.Err != nil {
 		e := toAPIError(res.Err)
 		s.log.Warn("stream failed", "id", c.id, "err", res.Err)
-		return sse.data(errorBody(e))
+		return sse.data(e.Body())
 	}
 	ended()
 	// The hop count, known only now that every leg has answered; headers went with the
@@ -476,12 +477,12 @@ func (s *Server) stream(sse *sseWriter, st infer.Stream, c *completion, first st
 
 func (s *Server) setGenerationHeaders(ctx *fasthttp.RequestCtx, st infer.Stream) {
 	prompt, cached, _ := st.Admitted()
-	ctx.Response.Header.Set(routing.PromptHeader, strconv.Itoa(prompt))
-	ctx.Response.Header.Set(routing.CachedHeader, strconv.Itoa(cached))
+	ctx.Response.Header.Set(hop.PromptHeader, strconv.Itoa(prompt))
+	ctx.Response.Header.Set(hop.CachedHeader, strconv.Itoa(cached))
 	if n, ok := st.(routing.Server); ok {
-		ctx.Response.Header.Set(routing.NodeHeader, n.Node())
+		ctx.Response.Header.Set(hop.NodeHeader, n.Node())
 	}
-	ctx.Response.Header.Set(routing.HopsHeader, strconv.Itoa(hops(st)))
+	ctx.Response.Header.Set(hop.HopsHeader, strconv.Itoa(hops(st)))
 }
 
 // countTurn counts a follow-up turn as warm when the node serving it found some of its

@@ -8,6 +8,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/infernode/infernode/node/hop"
 	"github.com/infernode/infernode/node/routing"
 	"github.com/infernode/infernode/session/infer"
 )
@@ -16,14 +17,14 @@ import (
 // does not own to their owners, when it leaves and when its ring changes (a join moved
 // some conversations away), and takes the caches peers push to it.
 
-// handleKV takes a conversation's KV frame pushed by a peer (POST routing.KVPath).
+// handleKV takes a conversation's KV frame pushed by a peer (POST hop.KVPath).
 func (s *Server) handleKV(ctx *fasthttp.RequestCtx, replica bool) {
 	if s.router == nil {
 		writeError(ctx, errNotFound)
 		return
 	}
 	body := ctx.PostBody()
-	if err := s.router.Authenticate(inbound(ctx)); err != nil {
+	if err := s.router.Hop().Authenticate(inbound(ctx)); err != nil {
 		writeError(ctx, err)
 		return
 	}
@@ -31,17 +32,17 @@ func (s *Server) handleKV(ctx *fasthttp.RequestCtx, replica bool) {
 	res, err := s.engine.Import(s.base, body, replica)
 	s.router.ObserveKV("received", len(body), time.Since(start), err)
 	if err != nil {
-		s.log.Warn("KV frame refused", "from", string(ctx.Request.Header.Peek(routing.HeaderFrom)), "bytes", len(body), "err", err)
+		s.log.Warn("KV frame refused", "from", string(ctx.Request.Header.Peek(hop.HeaderFrom)), "bytes", len(body), "err", err)
 		writeError(ctx, err)
 		return
 	}
-	s.log.Debug("KV taken", "from", string(ctx.Request.Header.Peek(routing.HeaderFrom)), "replica", replica, "tokens", res.Tokens,
+	s.log.Debug("KV taken", "from", string(ctx.Request.Header.Peek(hop.HeaderFrom)), "replica", replica, "tokens", res.Tokens,
 		"bytes", len(body), "stall", res.Stall)
 	writeJSON(ctx, fasthttp.StatusOK, res)
 }
 
 // handlePull answers a peer that joined lately and now owns a conversation with the
-// conversation's KV frame (POST routing.PullPath, the key as body), unless it is not
+// conversation's KV frame (POST hop.PullPath, the key as body), unless it is not
 // held here (404) or the peer would recompute it sooner (204). The copy here stays, as a
 // replica.
 func (s *Server) handlePull(ctx *fasthttp.RequestCtx) {
@@ -49,11 +50,11 @@ func (s *Server) handlePull(ctx *fasthttp.RequestCtx) {
 		writeError(ctx, errNotFound)
 		return
 	}
-	if err := s.router.Authenticate(inbound(ctx)); err != nil {
+	if err := s.router.Hop().Authenticate(inbound(ctx)); err != nil {
 		writeError(ctx, err)
 		return
 	}
-	key, peer := string(ctx.PostBody()), string(ctx.Request.Header.Peek(routing.HeaderFrom))
+	key, peer := string(ctx.PostBody()), string(ctx.Request.Header.Peek(hop.HeaderFrom))
 	frame, err := s.engine.Snapshot(s.base, key)
 	switch {
 	case errors.Is(err, infer.ErrNotCached):

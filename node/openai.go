@@ -8,6 +8,7 @@ import (
 	"io"
 	"strings"
 
+	"github.com/infernode/infernode/node/hop"
 	"github.com/infernode/infernode/session/infer"
 )
 
@@ -167,7 +168,7 @@ func decodeJSON(body []byte, v any) error {
 		}
 		return nil
 	}
-	var ae *apiError
+	var ae *hop.Error
 	var typeErr *json.UnmarshalTypeError
 	var syntaxErr *json.SyntaxError
 	switch {

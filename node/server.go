@@ -19,6 +19,7 @@ import (
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttpadaptor"
 
+	"github.com/infernode/infernode/node/hop"
 	"github.com/infernode/infernode/node/routing"
 	"github.com/infernode/infernode/session/infer"
 )
@@ -224,8 +225,8 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 			ctx.Response.Reset()
 			writeError(ctx, errInternal)
 		}
-		if len(ctx.Response.Header.Peek(routing.NodeHeader)) == 0 {
-			ctx.Response.Header.Set(routing.NodeHeader, s.cfg.ID)
+		if len(ctx.Response.Header.Peek(hop.NodeHeader)) == 0 {
+			ctx.Response.Header.Set(hop.NodeHeader, s.cfg.ID)
 		}
 		s.metrics.request(endpoint, ctx.Response.StatusCode())
 	}()
@@ -275,10 +276,10 @@ func (s *Server) routeTable() map[string]route {
 		// served without one.
 		"/":                 {method: get, serve: s.handleDashboard},
 		"/dashboard":        {method: get, serve: s.handleDashboard},
-		routing.Path:        {method: post, serve: s.handleInternal},
-		routing.KVPath:      {method: post, kv: true, serve: func(ctx *fasthttp.RequestCtx) { s.handleKV(ctx, false) }},
-		routing.ReplicaPath: {method: post, kv: true, serve: func(ctx *fasthttp.RequestCtx) { s.handleKV(ctx, true) }},
-		routing.PullPath:    {method: post, serve: s.handlePull},
+		hop.Path:        {method: post, serve: s.handleInternal},
+		hop.KVPath:      {method: post, kv: true, serve: func(ctx *fasthttp.RequestCtx) { s.handleKV(ctx, false) }},
+		hop.ReplicaPath: {method: post, kv: true, serve: func(ctx *fasthttp.RequestCtx) { s.handleKV(ctx, true) }},
+		hop.PullPath:    {method: post, serve: s.handlePull},
 		"/metrics":          {method: get, auth: !s.cfg.MetricsOpen, serve: s.promh},
 	}
 }
@@ -306,7 +307,7 @@ func (s *Server) authorized(ctx *fasthttp.RequestCtx) bool {
 
 // handleParseError answers requests fasthttp could not read (too large, malformed).
 func (s *Server) handleParseError(ctx *fasthttp.RequestCtx, err error) {
-	var e *apiError
+	var e *hop.Error
 	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
 		e = writeError(ctx, errBodyTooLarge)
 	} else {
@@ -411,12 +412,12 @@ func (s *Server) handleModel(ctx *fasthttp.RequestCtx, id string) {
 
 // unknownModel is the answer to a request for a model no node serves: it names those
 // that exist.
-func (s *Server) unknownModel(id string) *apiError {
+func (s *Server) unknownModel(id string) *hop.Error {
 	var ids []string
 	for _, m := range s.models() {
 		ids = append(ids, strconv.Quote(m.ID))
 	}
-	return &apiError{Status: fasthttp.StatusNotFound, Type: "invalid_request_error", Param: "model", Code: "model_not_found",
+	return &hop.Error{Status: fasthttp.StatusNotFound, Type: "invalid_request_error", Param: "model", Code: "model_not_found",
 		Message: fmt.Sprintf("model %q is not served by this cluster; the models are %s", id, strings.Join(ids, ", "))}
 }
 

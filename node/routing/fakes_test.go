@@ -3,7 +3,6 @@ package routing
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -18,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/infernode/infernode/node/hop"
 	"github.com/infernode/infernode/gossip"
 	"github.com/infernode/infernode/session/infer"
 )
@@ -57,7 +57,7 @@ func (f *fakeMembers) set(ms ...gossip.Member) {
 // member is a live, ready, compatible peer.
 func member(id string) gossip.Member {
 	return gossip.Member{Name: id + "#1", Addr: id + ":7946", State: gossip.Alive,
-		Meta: gossip.Meta{ID: id, HTTPAddr: id + ":80", Fingerprint: "fp", Ready: true, Hop: []int{Major}}}
+		Meta: gossip.Meta{ID: id, HTTPAddr: id + ":80", Fingerprint: "fp", Ready: true, Hop: []int{hop.Major}}}
 }
 
 // fakeClock moves only when Advance is called.
@@ -322,23 +322,23 @@ func (p *peer) serveHop(w http.ResponseWriter, req *http.Request) {
 		w.WriteHeader(http.StatusOK)
 		return
 	}
-	if req.URL.Path == PullPath {
+	if req.URL.Path == hop.PullPath {
 		body, _ := io.ReadAll(req.Body)
-		if err := p.router.Authenticate(Inbound{Method: req.Method, Path: req.URL.Path, Header: req.Header.Get, Body: body}); err != nil {
-			writeErr(w, &Error{Status: http.StatusUnauthorized, Message: err.Error(), Type: "invalid_request_error"})
+		if err := p.router.hop.Authenticate(hop.Inbound{Method: req.Method, Path: req.URL.Path, Header: req.Header.Get, Body: body}); err != nil {
+			writeErr(w, &hop.Error{Status: http.StatusUnauthorized, Message: err.Error(), Type: "invalid_request_error"})
 			return
 		}
 		p.mu.Lock()
-		p.kv = append(p.kv, PullPath)
+		p.kv = append(p.kv, hop.PullPath)
 		p.mu.Unlock()
 		w.WriteHeader(http.StatusOK)
 		w.Write([]byte("frame of " + string(body)))
 		return
 	}
-	if req.URL.Path == KVPath || req.URL.Path == ReplicaPath {
+	if req.URL.Path == hop.KVPath || req.URL.Path == hop.ReplicaPath {
 		body, _ := io.ReadAll(req.Body)
-		if err := p.router.Authenticate(Inbound{Method: req.Method, Path: req.URL.Path, Header: req.Header.Get, Body: body}); err != nil {
-			writeErr(w, &Error{Status: http.StatusUnauthorized, Message: err.Error(), Type: "invalid_request_error"})
+		if err := p.router.hop.Authenticate(hop.Inbound{Method: req.Method, Path: req.URL.Path, Header: req.Header.Get, Body: body}); err != nil {
+			writeErr(w, &hop.Error{Status: http.StatusUnauthorized, Message: err.Error(), Type: "invalid_request_error"})
 			return
 		}
 		p.mu.Lock()
@@ -352,12 +352,12 @@ func (p *peer) serveHop(w http.ResponseWriter, req *http.Request) {
 		panic(http.ErrAbortHandler) // never reached: refused peers are not on the network
 	}
 	body, _ := io.ReadAll(req.Body)
-	hop, err := p.router.Accept(Inbound{Method: req.Method, Path: req.URL.Path, Header: req.Header.Get, Body: body})
+	wire, err := p.router.hop.Accept(hop.Inbound{Method: req.Method, Path: req.URL.Path, Header: req.Header.Get, Body: body})
 	if err != nil {
-		writeErr(w, &Error{Status: http.StatusUnauthorized, Message: err.Error(), Type: "invalid_request_error"})
+		writeErr(w, &hop.Error{Status: http.StatusUnauthorized, Message: err.Error(), Type: "invalid_request_error"})
 		return
 	}
-	in := hop.Engine()
+	in := wire.Engine()
 	var formatted string
 	if in.Prompt == "" { // a chat for this peer's model: formatted here, as node does
 		for _, m := range in.Messages {
@@ -366,22 +366,22 @@ func (p *peer) serveHop(w http.ResponseWriter, req *http.Request) {
 		in.Prompt, in.Messages = formatted, nil
 	}
 	p.mu.Lock()
-	p.hops = append(p.hops, hop.Model+": "+in.Prompt)
+	p.hops = append(p.hops, wire.Model+": "+in.Prompt)
 	p.mu.Unlock()
 	st, err := p.engine.Submit(req.Context(), in)
 	if err != nil {
 		writeErr(w, testError(err))
 		return
 	}
-	a := NewAnswer(st, formatted)
+	a := hop.NewAnswer(st, formatted)
 	if err := a.Wait(p.router.cfg.KeepAlive); err != nil {
 		a.Close()
 		writeErr(w, testError(err))
 		return
 	}
-	w.Header().Set(NodeHeader, p.id)
+	w.Header().Set(hop.NodeHeader, p.id)
 	prompt, _, _ := st.Admitted()
-	w.Header().Set(PromptHeader, fmt.Sprint(prompt))
+	w.Header().Set(hop.PromptHeader, fmt.Sprint(prompt))
 	w.WriteHeader(http.StatusOK)
 	lines := 0
 	a.Write(func(b []byte) error {
@@ -395,17 +395,20 @@ func (p *peer) serveHop(w http.ResponseWriter, req *http.Request) {
 	}, p.router.cfg.KeepAlive, testError, func() {})
 }
 
-func testError(err error) *Error {
+func testError(err error) *hop.Error {
 	if errors.Is(err, infer.ErrOverloaded) {
-		return &Error{Status: 503, Message: err.Error(), Type: "server_error", Code: "overloaded", RetryAfter: int(retryAfter(err).Seconds())}
+		return &hop.Error{Status: 503, Message: err.Error(), Type: "server_error", Code: "overloaded", RetryAfter: int(retryAfter(err).Seconds())}
 	}
-	return &Error{Status: 500, Message: err.Error(), Type: "server_error"}
+	return &hop.Error{Status: 500, Message: err.Error(), Type: "server_error"}
 }
 
-func writeErr(w http.ResponseWriter, e *Error) {
+func writeErr(w http.ResponseWriter, e *hop.Error) {
 	w.Header().Set("Content-Type", "application/json")
+	if e.RetryAfter > 0 {
+		w.Header().Set("Retry-After", fmt.Sprint(e.RetryAfter))
+	}
 	w.WriteHeader(e.Status)
-	json.NewEncoder(w).Encode(map[string]*Error{"error": e})
+	w.Write(e.Body())
 }
 
 // cluster is an entry node "a" (the Router under test, with its own local engine) and

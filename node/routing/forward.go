@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/infernode/infernode/node/hop"
 	"github.com/infernode/infernode/session/infer"
 )
 
@@ -63,7 +64,7 @@ func (r *Router) Submit(ctx context.Context, req infer.Request) (infer.Stream, e
 // SubmitModel serves req on the owner of its conversation on model's ring: Submit for
 // this node's model, and for a model only peers serve, a forward to them (with no local
 // fallback). A chat for such a model comes as req.Messages, which its owner formats. It
-// fails with ErrNoModel when no live peer serves model, and with a busy *Error (503) when
+// fails with ErrNoModel when no live peer serves model, and with a busy *hop.Error (503) when
 // none of those that do could take the request.
 func (r *Router) SubmitModel(ctx context.Context, model string, req infer.Request) (infer.Stream, error) {
 	t, ok := r.target(model)
@@ -131,9 +132,9 @@ func (r *Router) submit(ctx context.Context, t target, req infer.Request, tried 
 			return nil, err
 		}
 		tried = append(tried, c.id)
-		var remote *Error
+		var remote *hop.Error
 		switch {
-		case errors.As(err, &remote) && remote.busy():
+		case errors.As(err, &remote) && remote.Busy():
 			r.forwards.WithLabelValues("spilled").Inc()
 			r.log.Debug("owner busy, trying the next one", "peer", c.id, "err", err)
 			busy = sooner(busy, err)
@@ -150,7 +151,7 @@ func (r *Router) submit(ctx context.Context, t target, req infer.Request, tried 
 	case !t.local() && busy != nil:
 		return nil, busy
 	case !t.local():
-		return nil, &Error{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "model_unavailable", RetryAfter: 2,
+		return nil, &hop.Error{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "model_unavailable", RetryAfter: 2,
 			Message: fmt.Sprintf("no node serving model %q could take the request now (loading, unhealthy or unreachable)", t.name)}
 	case busy != nil && slices.Contains(tried, r.cfg.Self):
 		return nil, busy
@@ -169,7 +170,7 @@ func sooner(a, b error) error {
 
 // retryAfter is when a busy answer says to retry (a second when it does not say).
 func retryAfter(err error) time.Duration {
-	var remote *Error
+	var remote *hop.Error
 	var local *infer.OverloadedError
 	switch {
 	case errors.As(err, &remote) && remote.RetryAfter > 0:
@@ -189,7 +190,7 @@ func localBusy(err error) bool {
 // forward (and the stream after it) is abandoned when the client goes or when this node
 // declares the peer down.
 func (r *Router) forward(ctx context.Context, c candidate, model string, req infer.Request) (*peerStream, error) {
-	body, err := json.Marshal(wireRequest(model, req))
+	body, err := json.Marshal(hop.NewRequest(model, req))
 	if err != nil {
 		return nil, err
 	}
@@ -202,13 +203,13 @@ func (r *Router) forward(ctx context.Context, c candidate, model string, req inf
 		case <-fctx.Done():
 		}
 	}()
-	hreq, err := http.NewRequestWithContext(fctx, "POST", peerURL(c.addr, Path), bytes.NewReader(body))
+	hreq, err := http.NewRequestWithContext(fctx, "POST", peerURL(c.addr, hop.Path), bytes.NewReader(body))
 	if err != nil {
 		cancel(nil)
 		return nil, fmt.Errorf("forward to %s: %w", c.id, err)
 	}
 	hreq.Header.Set("Content-Type", "application/json")
-	r.auth.sign(hreq.Header.Set, "POST", Path, r.cfg.Self, c.id, body)
+	r.hop.Sign(hreq.Header.Set, "POST", hop.Path, c.id, body)
 	timer := r.clock.AfterFunc(r.cfg.HeaderTimeout, func() { cancel(ErrHeaderTimeout) })
 	resp, err := r.client.Do(hreq)
 	timer.Stop()
@@ -222,34 +223,17 @@ func (r *Router) forward(ctx context.Context, c candidate, model string, req inf
 	if resp.StatusCode != http.StatusOK {
 		defer cancel(nil)
 		defer resp.Body.Close()
-		return nil, decodeError(resp)
+		return nil, hop.DecodeError(resp)
 	}
-	cached, _ := strconv.Atoi(resp.Header.Get(CachedHeader))
-	prompt, _ := strconv.Atoi(resp.Header.Get(PromptHeader))
-	hops, _ := strconv.Atoi(resp.Header.Get(HopsHeader))
+	cached, _ := strconv.Atoi(resp.Header.Get(hop.CachedHeader))
+	prompt, _ := strconv.Atoi(resp.Header.Get(hop.PromptHeader))
+	hops, _ := strconv.Atoi(resp.Header.Get(hop.HopsHeader))
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 0, 4096), r.cfg.MaxLine)
-	return &peerStream{peer: c.id, node: resp.Header.Get(NodeHeader), body: resp.Body, sc: sc, prompt: prompt, cached: cached,
+	return &peerStream{peer: c.id, node: resp.Header.Get(hop.NodeHeader), body: resp.Body, sc: sc, prompt: prompt, cached: cached,
 		hops: 1 + hops, ctx: fctx, cancel: cancel, clock: r.clock, progress: r.cfg.ProgressTimeout}, nil
 }
 
-// decodeError rebuilds a peer's error response, so it keeps its meaning across the hop.
-func decodeError(resp *http.Response) error {
-	var e struct {
-		Error *Error `json:"error"`
-	}
-	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	if json.Unmarshal(b, &e) != nil || e.Error == nil {
-		return &Error{Status: resp.StatusCode, Type: "server_error", Message: fmt.Sprintf("peer answered %d", resp.StatusCode)}
-	}
-	e.Error.Status = resp.StatusCode
-	if ra, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil {
-		e.Error.RetryAfter = ra
-	}
-	return e.Error
-}
-
-// peerStream reads a forwarded request's answer. A silence longer than progress fails it
 // (ErrStalled), like a broken connection.
 type peerStream struct {
 	peer      string // the ring id it was sent to
@@ -284,7 +268,7 @@ func (p *peerStream) lost(why error) error {
 }
 
 // next reads the next event that is not a keep-alive, within the progress deadline.
-func (p *peerStream) next() (Event, error) {
+func (p *peerStream) next() (hop.Event, error) {
 	for {
 		t := p.clock.AfterFunc(p.progress, func() { p.cancel(ErrStalled) })
 		ok := p.sc.Scan()
@@ -294,16 +278,16 @@ func (p *peerStream) next() (Event, error) {
 			if err == nil {
 				err = io.ErrUnexpectedEOF
 			}
-			return Event{}, p.lost(err)
+			return hop.Event{}, p.lost(err)
 		}
-		var ev Event
+		var ev hop.Event
 		if err := json.Unmarshal(p.sc.Bytes(), &ev); err != nil {
-			return Event{}, p.lost(fmt.Errorf("bad line: %w", err))
+			return hop.Event{}, p.lost(fmt.Errorf("bad line: %w", err))
 		}
 		if ev.Error != nil && p.ctx.Err() != nil {
 			// Given up on (stalled, declared down) or canceled here: the owner's error is
 			// the echo of that cancellation, not its answer.
-			return Event{}, p.lost(context.Cause(p.ctx))
+			return hop.Event{}, p.lost(context.Cause(p.ctx))
 		}
 		if ev.Text != "" || ev.Done != nil || ev.Error != nil {
 			return ev, nil
@@ -402,8 +386,8 @@ func (s *routed) Recv() (string, error) {
 		if err == nil || text != "" {
 			return text, nil
 		}
-		var remote *Error
-		if errors.As(err, &remote) && remote.busy() && s.text.Len() == 0 && s.ctx.Err() == nil {
+		var remote *hop.Error
+		if errors.As(err, &remote) && remote.Busy() && s.text.Len() == 0 && s.ctx.Err() == nil {
 			// Refused while queued, after the owner had sent its headers: the next owners
 			// may have room, as when it is refused at once.
 			st, err := s.r.submit(s.ctx, s.t, s.req, s.tried, "")

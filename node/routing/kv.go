@@ -15,13 +15,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/time/rate"
 
+	"github.com/infernode/infernode/node/hop"
 	"github.com/infernode/infernode/ring"
 	"github.com/infernode/infernode/session/infer"
 )
 
 // Moving conversations' KV caches to their owners: a node that holds a conversation it
 // does not own (it is leaving, or a join moved the conversation) pushes the cache, as a KV
-// frame, to the conversation's owner over the authenticated hop (KVPath).
+// frame, to the conversation's owner over the authenticated hop (hop.KVPath).
 
 // ErrNoOwner: no other node is on the ring to take a conversation.
 var ErrNoOwner = errors.New("no other owner on the ring")
@@ -172,9 +173,9 @@ func (r *Router) pushTo(ctx context.Context, to candidate, frame infer.Frame, wh
 		}
 	}
 	defer func() { <-r.kvSlots }()
-	path := KVPath
+	path := hop.KVPath
 	if why == Replica {
-		path = ReplicaPath
+		path = hop.ReplicaPath
 	}
 	start := r.clock.Now()
 	err := r.sendKV(ctx, to, path, frame)
@@ -288,14 +289,14 @@ func (r *Router) sendKV(ctx context.Context, c candidate, path string, frame inf
 	}
 	req.ContentLength = int64(frame.Len())
 	req.Header.Set("Content-Type", "application/octet-stream")
-	r.auth.signHash(req.Header.Set, "POST", path, r.cfg.Self, c.id, [32]byte(hash.Sum(nil)))
+	r.hop.SignHash(req.Header.Set, "POST", path, c.id, [32]byte(hash.Sum(nil)))
 	resp, err := r.client.Do(req)
 	if err != nil {
 		return fmt.Errorf("push KV to %s: %w", c.id, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("push KV to %s: %w", c.id, decodeError(resp))
+		return fmt.Errorf("push KV to %s: %w", c.id, hop.DecodeError(resp))
 	}
 	return nil
 }
@@ -373,11 +374,11 @@ func (r *Router) pull(ctx context.Context, from candidate, key string, imp impor
 	ctx, cancel := context.WithTimeout(ctx, pullTimeout)
 	defer cancel()
 	body := []byte(key)
-	req, err := http.NewRequestWithContext(ctx, "POST", peerURL(from.addr, PullPath), bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, "POST", peerURL(from.addr, hop.PullPath), bytes.NewReader(body))
 	if err != nil {
 		return 0, err
 	}
-	r.auth.sign(req.Header.Set, "POST", PullPath, r.cfg.Self, from.id, body)
+	r.hop.Sign(req.Header.Set, "POST", hop.PullPath, from.id, body)
 	resp, err := r.client.Do(req)
 	if err != nil {
 		return 0, fmt.Errorf("pull KV from %s: %w", from.id, err)
@@ -388,7 +389,7 @@ func (r *Router) pull(ctx context.Context, from candidate, key string, imp impor
 	case http.StatusNotFound, http.StatusNoContent: // not held there, or cheaper to recompute
 		return 0, nil
 	default:
-		return 0, fmt.Errorf("pull KV from %s: %w", from.id, decodeError(resp))
+		return 0, fmt.Errorf("pull KV from %s: %w", from.id, hop.DecodeError(resp))
 	}
 	frame, err := io.ReadAll(io.LimitReader(resp.Body, maxPulled+1))
 	switch {

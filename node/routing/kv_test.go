@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/infernode/infernode/node/hop"
 	"github.com/infernode/infernode/ring"
 	"github.com/infernode/infernode/session/infer"
 )
@@ -55,7 +56,7 @@ func TestReplicaHeirs(t *testing.T) {
 			if id == heirs[0].id || id == heirs[1].id {
 				want++
 			}
-			if got := p.frames(); len(got) != want || (len(got) > 0 && want > before[id] && got[len(got)-1] != ReplicaPath) {
+			if got := p.frames(); len(got) != want || (len(got) > 0 && want > before[id] && got[len(got)-1] != hop.ReplicaPath) {
 				t.Errorf("peer %s took %v after the push, want %d frames, the last a replica", id, got, want)
 			}
 		}

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/infernode/infernode/node/hop"
 	"github.com/infernode/infernode/session/infer"
 )
 
@@ -84,7 +85,7 @@ func TestOtherModels(t *testing.T) {
 	// When every node of m2 is busy, the client is told so: this node cannot serve m2.
 	c.peers["b"].engine.set(script{busy: true})
 	c.peers["c"].engine.set(script{busy: true})
-	var remote *Error
+	var remote *hop.Error
 	if _, err := c.entry.SubmitModel(t.Context(), "m2", greedy(key, "x", 4)); !errors.As(err, &remote) || remote.Status != 503 {
 		t.Fatalf("every node of m2 busy: err = %v, want a 503", err)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/time/rate"
 
+	"github.com/infernode/infernode/node/hop"
 	"github.com/infernode/infernode/gossip"
 	"github.com/infernode/infernode/ring"
 	"github.com/infernode/infernode/session/infer"
@@ -57,7 +58,7 @@ type Router struct {
 	local  Engine
 	client *http.Client
 	clock  Clock
-	auth   *auth
+	hop    *hop.Auth
 
 	mu      sync.Mutex
 	table   *ring.Table
@@ -116,7 +117,7 @@ func New(cfg Config, g Membership, local Engine) (*Router, error) {
 	}
 	r := &Router{
 		cfg: cfg, log: log.With("component", "routing", "node", cfg.Self), gossip: g, local: local,
-		client: &http.Client{Transport: transport}, clock: clock, auth: newAuth(cfg.Secret, cfg.AcceptSecrets, clock, cfg.MaxSkew),
+		client: &http.Client{Transport: transport}, clock: clock, hop: hop.NewAuth(cfg.Self, cfg.Secret, cfg.AcceptSecrets, clock.Now, cfg.MaxSkew),
 		table:    ring.NewTable(cfg.Ring, cfg.Self),
 		members:  map[string]gossip.Member{},
 		holder:   map[string]string{},
@@ -231,7 +232,7 @@ func (r *Router) Publish() {
 	ready, _ := r.Ready()
 	st := r.local.Stats()
 	err := r.gossip.SetMeta(gossip.Meta{
-		ID: r.cfg.Self, HTTPAddr: r.cfg.HTTPAddr, Fingerprint: r.cfg.Fingerprint, Model: r.cfg.Model, Ready: ready, Hop: Versions,
+		ID: r.cfg.Self, HTTPAddr: r.cfg.HTTPAddr, Fingerprint: r.cfg.Fingerprint, Model: r.cfg.Model, Ready: ready, Hop: hop.Versions,
 		Running: st.Running, Waiting: st.Waiting, FreeKV: st.KVCells - st.KVUsed, QueueCap: r.cfg.QueueCap,
 		Prefill: int(st.PrefillRate), Decode: int(r.rate.update(r.clock.Now(), st.Generated)), Slow: r.slowPeers(),
 	})
@@ -252,7 +253,7 @@ func serving(m gossip.Member) bool { return m.State == gossip.Alive && !m.Meta.L
 // is on no ring).
 func (r *Router) incompatible(m gossip.Meta) string {
 	switch {
-	case !m.Speaks(Major):
+	case !m.Speaks(hop.Major):
 		return "hop protocol"
 	case m.Fingerprint != r.cfg.Fingerprint:
 		return "model"
@@ -277,7 +278,7 @@ func (r *Router) ringOf(m gossip.Meta) string {
 func (r *Router) modelRings() map[string]string {
 	count := map[[2]string]int{}
 	for _, m := range r.members {
-		if m.State == gossip.Alive && m.Meta.Model != "" && m.Meta.Speaks(Major) {
+		if m.State == gossip.Alive && m.Meta.Model != "" && m.Meta.Speaks(hop.Major) {
 			count[[2]string{m.Meta.Model, r.ringOf(m.Meta)}]++
 		}
 	}
@@ -371,7 +372,7 @@ func (r *Router) record(members []gossip.Member) {
 		if !serving(m) {
 			r.table.Forget(id)
 		} else {
-			r.table.SetFacts(id, ring.Facts{Alive: true, Ready: m.Meta.Ready, Compatible: m.Meta.Speaks(Major), Model: r.ringOf(m.Meta)})
+			r.table.SetFacts(id, ring.Facts{Alive: true, Ready: m.Meta.Ready, Compatible: m.Meta.Speaks(hop.Major), Model: r.ringOf(m.Meta)})
 		}
 	}
 	r.members = byID
@@ -649,7 +650,7 @@ func (r *Router) Models() []ModelInfo {
 			m.Nodes = 1
 		}
 		for _, p := range r.members {
-			if serving(p) && p.Meta.Speaks(Major) && r.ringOf(p.Meta) == key {
+			if serving(p) && p.Meta.Speaks(hop.Major) && r.ringOf(p.Meta) == key {
 				m.Nodes++
 			}
 		}
@@ -725,7 +726,7 @@ func (r *Router) View(points int) View {
 	own := shareOf("", r.cfg.Self)
 	v.Members = append(v.Members, MemberView{
 		ID: r.cfg.Self, HTTPAddr: r.cfg.HTTPAddr, GossipAddr: selfAddr, State: "alive", Healthy: true, Ready: ready,
-		Compatible: true, Model: r.cfg.Model, Fingerprint: r.cfg.Fingerprint, Hop: Versions, OnRing: own > 0, RingShare: own,
+		Compatible: true, Model: r.cfg.Model, Fingerprint: r.cfg.Fingerprint, Hop: hop.Versions, OnRing: own > 0, RingShare: own,
 		Load:       map[string]int{"running": st.Running, "waiting": st.Waiting, "free_kv": st.KVCells - st.KVUsed},
 		TokensPerS: int(r.rate.current()),
 	})
@@ -756,3 +757,6 @@ func (r *Router) View(points int) View {
 	slices.SortFunc(v.Members[1:], func(a, b MemberView) int { return strings.Compare(a.ID, b.ID) })
 	return v
 }
+
+// Hop is this node's end of the hop's authentication: node verifies with it what peers send.
+func (r *Router) Hop() *hop.Auth { return r.hop }

@@ -1,4 +1,4 @@
-package routing
+package hop
 
 import (
 	"encoding/hex"
@@ -17,7 +17,7 @@ func TestGoldenHopRequest(t *testing.T) {
 		Messages: []infer.Message{{Role: "user", Content: "x"}}, Logprobs: true, TopLogprobs: 2,
 		Sampling: infer.Sampling{Temperature: 0.5, TopK: 4, TopP: 0.9, MinP: 0.1, RepeatPenalty: 1.1, PresencePenalty: 0.2,
 			FrequencyPenalty: 0.3, RepeatLastN: 64, Seed: 42}}
-	b, err := json.Marshal(wireRequest("m", req))
+	b, err := json.Marshal(NewRequest("m", req))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,7 +33,7 @@ func TestGoldenHopRequest(t *testing.T) {
 		t.Errorf("decoded and encoded again:\n got %s\nwant %s", got, want)
 	}
 	const minimal = `{"model":"m","session_id":"","prompt":"p","temperature":0,"top_p":0,"seed":0}`
-	if b, _ := json.Marshal(wireRequest("m", infer.Request{Prompt: "p"})); string(b) != minimal {
+	if b, _ := json.Marshal(NewRequest("m", infer.Request{Prompt: "p"})); string(b) != minimal {
 		t.Errorf("minimal hop request body:\n got %s\nwant %s", b, minimal)
 	}
 }

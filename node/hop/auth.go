@@ -1,0 +1,166 @@
+package hop
+
+import (
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/infernode/infernode/session/infer"
+)
+
+// Errors of the receiving end. Test with errors.Is.
+var (
+	// ErrUnauthorized: the hop is unsigned, forged, stale or replayed (HTTP 401).
+	ErrUnauthorized = errors.New("hop not authenticated")
+	// ErrVersion: the hop's protocol major version is not spoken here (HTTP 400).
+	ErrVersion = errors.New("hop protocol version not supported")
+)
+
+// Inbound is a received hop request, as node's HTTP server hands it over.
+type Inbound struct {
+	Method, Path string
+	Header       func(name string) string
+	Body         []byte
+}
+
+// Accept authenticates a hop addressed to this node and decodes its body. Fields a newer
+// minor version added are ignored.
+func (a *Auth) Accept(in Inbound) (Request, error) {
+	if err := a.Authenticate(in); err != nil {
+		return Request{}, err
+	}
+	var req Request
+	if err := json.Unmarshal(in.Body, &req); err != nil {
+		return Request{}, fmt.Errorf("%w: hop body: %v", infer.ErrInvalid, err)
+	}
+	return req, nil
+}
+
+// Authenticate authenticates a hop addressed to this node (any path) and checks its
+// protocol version; the body is the caller's to read.
+func (a *Auth) Authenticate(in Inbound) error {
+	if err := a.verify(in); err != nil {
+		return err
+	}
+	v := in.Header(HeaderVersion)
+	major, _, _ := strings.Cut(v, ".")
+	if n, err := strconv.Atoi(major); err != nil || n != Major {
+		return fmt.Errorf("%w: got %q, this node speaks %d.x", ErrVersion, v, Major)
+	}
+	return nil
+}
+
+// Auth signs this node's hops and verifies those addressed to it, with the cluster secret.
+// A hop's signature covers its method, path, sender, destination, protocol version,
+// timestamp, nonce and the SHA-256 of its body; a receiver refuses a timestamp more than
+// maxSkew from its clock and any nonce it has seen within that window.
+type Auth struct {
+	self    string
+	keys    [][]byte // the first signs, any verifies; none: insecure, hops unsigned and unchecked
+	now     func() time.Time
+	maxSkew time.Duration
+
+	mu    sync.Mutex
+	seen  map[string]time.Time // nonce → when it may be forgotten
+	order []string             // nonces in arrival order, for pruning
+}
+
+// NewAuth signs as self with key and accepts signatures by key or any of accept. Without
+// a key, hops go unsigned and are not checked (an insecure cluster). now is the clock.
+func NewAuth(self string, key []byte, accept [][]byte, now func() time.Time, maxSkew time.Duration) *Auth {
+	a := &Auth{self: self, now: now, maxSkew: maxSkew, seen: map[string]time.Time{}}
+	if len(key) > 0 {
+		a.keys = append([][]byte{key}, accept...)
+	}
+	return a
+}
+
+// Sign sets the hop headers of a request from this node to dest.
+func (a *Auth) Sign(set func(name, value string), method, path, dest string, body []byte) {
+	a.SignHash(set, method, path, dest, sha256.Sum256(body))
+}
+
+// SignHash is Sign for a body of which only the SHA-256 is at hand.
+func (a *Auth) SignHash(set func(name, value string), method, path, dest string, body [32]byte) {
+	self := a.self
+	ts := strconv.FormatInt(a.now().UnixMilli(), 10)
+	var n [16]byte
+	rand.Read(n[:])
+	nonce := hex.EncodeToString(n[:])
+	version := fmt.Sprintf("%d.%d", Major, Minor)
+	set(HeaderFrom, self)
+	set(HeaderTo, dest)
+	set(HeaderVersion, version)
+	set(HeaderTime, ts)
+	set(HeaderNonce, nonce)
+	if len(a.keys) > 0 {
+		set(HeaderSignature, hex.EncodeToString(mac(a.keys[0], method, path, self, dest, version, ts, nonce, body)))
+	}
+}
+
+// mac is the signature of a hop whose body has the SHA-256 sum.
+func mac(key []byte, method, path, from, to, version, ts, nonce string, sum [32]byte) []byte {
+	m := hmac.New(sha256.New, key)
+	for _, part := range []string{"infernode-hop", method, path, from, to, version, ts, nonce, hex.EncodeToString(sum[:])} {
+		m.Write([]byte(part))
+		m.Write([]byte{'\n'})
+	}
+	return m.Sum(nil)
+}
+
+// verify checks a hop addressed to this node.
+func (a *Auth) verify(in Inbound) error {
+	self := a.self
+	if len(a.keys) == 0 {
+		return nil
+	}
+	fail := func(why string) error { return fmt.Errorf("%w: %s", ErrUnauthorized, why) }
+	sig, err := hex.DecodeString(in.Header(HeaderSignature))
+	if err != nil || len(sig) == 0 {
+		return fail("no signature")
+	}
+	to, ts, nonce := in.Header(HeaderTo), in.Header(HeaderTime), in.Header(HeaderNonce)
+	sum := sha256.Sum256(in.Body)
+	valid := false
+	for _, k := range a.keys {
+		valid = valid || hmac.Equal(sig, mac(k, in.Method, in.Path, in.Header(HeaderFrom), to, in.Header(HeaderVersion), ts, nonce, sum))
+	}
+	if !valid {
+		return fail("bad signature")
+	}
+	if to != self {
+		return fail(fmt.Sprintf("addressed to %q, this is %q", to, self))
+	}
+	ms, err := strconv.ParseInt(ts, 10, 64)
+	now := a.now()
+	if err != nil {
+		return fail("bad timestamp")
+	}
+	if skew := now.Sub(time.UnixMilli(ms)).Abs(); skew > a.maxSkew {
+		return fail(fmt.Sprintf("timestamp %v off this node's clock (more than %v)", skew.Round(time.Millisecond), a.maxSkew))
+	}
+	if len(nonce) != 32 {
+		return fail("bad nonce")
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for len(a.order) > 0 && now.After(a.seen[a.order[0]]) {
+		delete(a.seen, a.order[0])
+		a.order = a.order[1:]
+	}
+	if _, dup := a.seen[nonce]; dup {
+		return fail("replayed nonce")
+	}
+	// A nonce must be remembered as long as its timestamp is acceptable: until ts+maxSkew.
+	a.seen[nonce] = time.UnixMilli(ms).Add(a.maxSkew)
+	a.order = append(a.order, nonce)
+	return nil
+}

@@ -1,0 +1,188 @@
+package hop
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+
+	"github.com/infernode/infernode/session/infer"
+)
+
+// The hop: how one node hands a request to another. A POST to Path with a JSON Request
+// body and the headers below; the answer is 200 with one JSON Event a line, or an error in
+// OpenAI's JSON shape with its status.
+const (
+	Path = "/internal/v1/generate"
+	// KVPath takes a conversation's KV cache, as a KV frame (session's format), pushed by
+	// the node that held it to the conversation's owner. Signed like a generation hop.
+	KVPath = "/internal/v1/kv"
+	// ReplicaPath takes a replica: a copy of a conversation's KV that its owner keeps on
+	// the node that takes the conversation over if the owner fails.
+	ReplicaPath = "/internal/v1/kv/replica"
+	// PullPath answers with the KV frame of the conversation named in the body, for a
+	// node that joined lately and now owns it (200), or nothing: 404 when it is not held
+	// here, 204 when the asker would recompute it sooner than receive it.
+	PullPath = "/internal/v1/kv/pull"
+
+	// Major and Minor are the hop protocol version this node speaks. A new minor version
+	// may add fields (receivers ignore fields they do not know); a new major one is not
+	// understood by older nodes, which keep such peers off their rings.
+	Major = 1
+	// 1.1: keep-alive lines, and the first text event carries the prompt's counts.
+	// 1.2: requests say whether they follow an earlier answer; KV pulls (PullPath).
+	// 1.3: a chat for a model the entry node does not serve comes as messages, and the
+	// first text event carries the prompt its owner formatted from them.
+	Minor = 3
+
+	HeaderVersion   = "X-Infernode-Hop-Version" // "major.minor"
+	HeaderFrom      = "X-Infernode-Hop"         // the entry node's id
+	HeaderTo        = "X-Infernode-Hop-To"      // the destination node's id
+	HeaderTime      = "X-Infernode-Hop-Time"    // the sender's clock, Unix milliseconds
+	HeaderNonce     = "X-Infernode-Hop-Nonce"   // 16 random bytes, hex
+	HeaderSignature = "X-Infernode-Signature"   // hex HMAC-SHA256, see signature
+
+	// NodeHeader names the node that served an answer; PromptHeader how many tokens its
+	// prompt has and CachedHeader how many of them it found in its KV cache. Set on hop
+	// answers and client answers alike.
+	NodeHeader   = "X-Infernode-Node"
+	PromptHeader = "X-Infernode-Prompt-Tokens"
+	CachedHeader = "X-Infernode-Cached-Tokens"
+	// HopsHeader counts the forwards behind an answer: 0 served where it entered, 1
+	// forwarded once. Anything more breaks the one-hop rule.
+	HopsHeader = "X-Infernode-Hops"
+)
+
+// Versions are the major versions of the hop protocol this node speaks, as gossiped.
+var Versions = []int{Major}
+
+// Request is a hop's body: one generation, with every field named on the wire.
+type Request struct {
+	Model            string    `json:"model"`
+	SessionID        string    `json:"session_id"`
+	FollowUp         bool      `json:"follow_up,omitempty"` // since 1.2
+	Prompt           string    `json:"prompt"`
+	Messages         []Message `json:"messages,omitempty"` // since 1.3: in place of Prompt, to format
+	MaxTokens        int       `json:"max_tokens,omitempty"`
+	Stop             []string  `json:"stop,omitempty"`
+	Temperature      float32   `json:"temperature"`
+	TopK             int       `json:"top_k,omitempty"`
+	TopP             float32   `json:"top_p"`
+	MinP             float32   `json:"min_p,omitempty"`
+	RepeatPenalty    float32   `json:"repeat_penalty,omitempty"`
+	PresencePenalty  float32   `json:"presence_penalty,omitempty"`
+	FrequencyPenalty float32   `json:"frequency_penalty,omitempty"`
+	RepeatLastN      int       `json:"repeat_last_n,omitempty"`
+	Seed             int64     `json:"seed"`
+	Logprobs         bool      `json:"logprobs,omitempty"`
+	TopLogprobs      int       `json:"top_logprobs,omitempty"`
+}
+
+// Message is one message of a chat on the wire.
+type Message struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+// NewRequest is r, for model, as it crosses the hop.
+func NewRequest(model string, r infer.Request) Request {
+	s := r.Sampling
+	var msgs []Message
+	for _, m := range r.Messages {
+		msgs = append(msgs, Message(m))
+	}
+	return Request{Model: model, SessionID: r.SessionID, FollowUp: r.FollowUp, Prompt: r.Prompt, Messages: msgs, MaxTokens: r.MaxTokens, Stop: r.Stop,
+		Temperature: s.Temperature, TopK: s.TopK, TopP: s.TopP, MinP: s.MinP, RepeatPenalty: s.RepeatPenalty,
+		PresencePenalty: s.PresencePenalty, FrequencyPenalty: s.FrequencyPenalty, RepeatLastN: s.RepeatLastN, Seed: s.Seed,
+		Logprobs: r.Logprobs, TopLogprobs: r.TopLogprobs}
+}
+
+// Engine returns the request as the engine takes it.
+func (r Request) Engine() infer.Request {
+	var msgs []infer.Message
+	for _, m := range r.Messages {
+		msgs = append(msgs, infer.Message(m))
+	}
+	return infer.Request{SessionID: r.SessionID, FollowUp: r.FollowUp, Prompt: r.Prompt, Messages: msgs, MaxTokens: r.MaxTokens, Stop: r.Stop,
+		Logprobs: r.Logprobs, TopLogprobs: r.TopLogprobs, Sampling: infer.Sampling{Temperature: r.Temperature, TopK: r.TopK, TopP: r.TopP, MinP: r.MinP,
+			RepeatPenalty: r.RepeatPenalty, PresencePenalty: r.PresencePenalty, FrequencyPenalty: r.FrequencyPenalty,
+			RepeatLastN: r.RepeatLastN, Seed: r.Seed}}
+}
+
+// Event is one line of a hop's answer: text, the end, an error, or (with no field set) a
+// keep-alive: the owner is still working on a request that has no token yet.
+type Event struct {
+	Text   string `json:"t,omitempty"`
+	Tokens int    `json:"n,omitempty"` // tokens generated so far
+	// Prompt and Cached are the prompt's tokens and how many came from the KV cache, on
+	// the first text event (the headers may have gone before admission).
+	Prompt int `json:"p,omitempty"`
+	Cached int `json:"c,omitempty"`
+	// Formatted is the prompt the owner formatted from a request's messages, on the first
+	// text event (since 1.3), so the entry node can resume the answer elsewhere.
+	Formatted string `json:"f,omitempty"`
+	Done      *Done  `json:"done,omitempty"`
+	Error     *Error `json:"error,omitempty"`
+}
+
+// Done ends a successful answer.
+type Done struct {
+	FinishReason     string               `json:"finish_reason"`
+	PromptTokens     int                  `json:"prompt_tokens"`
+	CachedTokens     int                  `json:"cached_tokens"`
+	CompletionTokens int                  `json:"completion_tokens"`
+	Logprobs         []infer.TokenLogprob `json:"logprobs,omitempty"`
+}
+
+// Error is an error as a client or a peer is told it: OpenAI's shape plus its HTTP status,
+// so that it keeps its meaning across the hop (a 400 stays a 400, a 503 stays retryable).
+// It is node's API error type too: there is one.
+type Error struct {
+	Status     int    `json:"status,omitempty"`
+	Message    string `json:"message"`
+	Type       string `json:"type"`
+	Param      any    `json:"param"`
+	Code       any    `json:"code"`
+	RetryAfter int    `json:"retry_after,omitempty"` // seconds
+}
+
+func (e *Error) Error() string { return e.Message }
+
+// Busy reports whether the node that answered e is busy (overloaded, not ready,
+// draining), not failing: the request may go to the next owner, and the peer's health is
+// untouched.
+func (e *Error) Busy() bool { return e.Status == 503 }
+
+// Body is e as an HTTP error body, to clients and peers alike: OpenAI's
+// {"error": {"message", "type", "param", "code"}}. The status and Retry-After travel as
+// HTTP's own; only an error event inside an answer's stream carries them in the JSON.
+func (e *Error) Body() []byte {
+	b, _ := json.Marshal(struct {
+		Error apiError `json:"error"`
+	}{apiError{e.Message, e.Type, e.Param, e.Code}})
+	return b
+}
+
+type apiError struct {
+	Message string `json:"message"`
+	Type    string `json:"type"`
+	Param   any    `json:"param"`
+	Code    any    `json:"code"`
+}
+
+// DecodeError rebuilds a peer's error answer, so it keeps its meaning across the hop.
+func DecodeError(resp *http.Response) *Error {
+	var e struct {
+		Error *Error `json:"error"`
+	}
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	if json.Unmarshal(b, &e) != nil || e.Error == nil {
+		return &Error{Status: resp.StatusCode, Type: "server_error", Message: fmt.Sprintf("peer answered %d", resp.StatusCode)}
+	}
+	e.Error.Status = resp.StatusCode
+	if ra, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil {
+		e.Error.RetryAfter = ra
+	}
+	return e.Error
+}
