@@ -274,13 +274,13 @@ func (s *Server) routeTable() map[string]route {
 		"/v1/events":  {method: get, auth: true, serve: s.handleEvents},
 		// The page holds no data (it fetches it with the key the user gives it), so it is
 		// served without one.
-		"/":                 {method: get, serve: s.handleDashboard},
-		"/dashboard":        {method: get, serve: s.handleDashboard},
+		"/":             {method: get, serve: s.handleDashboard},
+		"/dashboard":    {method: get, serve: s.handleDashboard},
 		hop.Path:        {method: post, serve: s.handleInternal},
 		hop.KVPath:      {method: post, kv: true, serve: func(ctx *fasthttp.RequestCtx) { s.handleKV(ctx, false) }},
 		hop.ReplicaPath: {method: post, kv: true, serve: func(ctx *fasthttp.RequestCtx) { s.handleKV(ctx, true) }},
 		hop.PullPath:    {method: post, serve: s.handlePull},
-		"/metrics":          {method: get, auth: !s.cfg.MetricsOpen, serve: s.promh},
+		"/metrics":      {method: get, auth: !s.cfg.MetricsOpen, serve: s.promh},
 	}
 }
 

@@ -28,4 +28,3 @@ func TestAuthRotation(t *testing.T) {
 		}
 	}
 }
-

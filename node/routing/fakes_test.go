@@ -17,8 +17,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/infernode/infernode/node/hop"
 	"github.com/infernode/infernode/gossip"
+	"github.com/infernode/infernode/node/hop"
 	"github.com/infernode/infernode/session/infer"
 )
 

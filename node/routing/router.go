@@ -18,8 +18,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/time/rate"
 
-	"github.com/infernode/infernode/node/hop"
 	"github.com/infernode/infernode/gossip"
+	"github.com/infernode/infernode/node/hop"
 	"github.com/infernode/infernode/ring"
 	"github.com/infernode/infernode/session/infer"
 )

@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/infernode/infernode/node/hop"
 	"github.com/infernode/infernode/gossip"
+	"github.com/infernode/infernode/node/hop"
 	"github.com/infernode/infernode/session/infer"
 )
 
