@@ -60,6 +60,7 @@ func (*fakeEngine) Import(context.Context, []byte, bool) (infer.Imported, error)
 }
 func (*fakeEngine) Conversations(context.Context) ([]string, error) { return nil, nil }
 func (*fakeEngine) Demote(context.Context, string) error            { return nil }
+func (*fakeEngine) Holds(string) bool                               { return false }
 
 type fakeStream struct{ n, i int }
 
@@ -400,7 +401,7 @@ func startStandalone(t testing.TB, engine Engine, edit func(*Config)) (string, *
 	if edit != nil {
 		edit(&nc)
 	}
-	srv, err := New(nc, engine, nil)
+	srv, err := New(nc, engine, Standalone(engine, nc.ModelName))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -32,11 +32,7 @@ const feedKeepAlive = 15 * time.Second
 // each, the recent ones first, then as they happen, until the client goes or the node
 // shuts down.
 func (s *Server) handleEvents(ctx *fasthttp.RequestCtx) {
-	if s.router == nil {
-		writeError(ctx, errStandalone)
-		return
-	}
-	recent, next, stop := s.router.Happenings()
+	recent, next, stop := s.cluster.Happenings()
 	s.streamBody(ctx, "text/event-stream", true, func(error) {}, stop, func(sse *sseWriter) error {
 		for _, e := range recent {
 			if err := sse.event(e); err != nil {

@@ -18,7 +18,6 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/infernode/infernode/node/hop"
-	"github.com/infernode/infernode/node/routing"
 	"github.com/infernode/infernode/session/infer"
 )
 
@@ -51,10 +50,10 @@ func (s *Server) handleCompletion(ctx *fasthttp.RequestCtx, chat bool) {
 		writeError(ctx, err)
 		return
 	}
-	submit := s.submit
+	submit := s.cluster.Submit
 	if c.foreign {
 		submit = func(ctx context.Context, req infer.Request) (infer.Stream, error) {
-			return s.router.SubmitModel(ctx, c.model, req)
+			return s.cluster.SubmitModel(ctx, c.model, req)
 		}
 	}
 	s.generate(ctx, c, submit)
@@ -63,11 +62,7 @@ func (s *Server) handleCompletion(ctx *fasthttp.RequestCtx, chat bool) {
 // handleInternal serves a request forwarded by a peer: always here, never forwarded again
 // (one hop at most, however the rings disagree). It passes the same checks as a client's.
 func (s *Server) handleInternal(ctx *fasthttp.RequestCtx) {
-	if s.router == nil {
-		writeError(ctx, errNotFound)
-		return
-	}
-	wire, err := s.router.Hop().Accept(inbound(ctx))
+	wire, err := s.cluster.Hop().Accept(inbound(ctx))
 	if err != nil {
 		writeError(ctx, err)
 		return
@@ -90,7 +85,7 @@ func (s *Server) handleInternal(ctx *fasthttp.RequestCtx) {
 		writeError(ctx, err)
 		return
 	}
-	s.generate(ctx, c, s.router.ServeLocal)
+	s.generate(ctx, c, s.cluster.ServeLocal)
 }
 
 // inbound is a peer's request as routing authenticates it.
@@ -147,7 +142,7 @@ func (s *Server) parseCompletion(ctx *fasthttp.RequestCtx, chat bool) (*completi
 	}
 	c.model = cmp.Or(p.Model, s.cfg.ModelName)
 	if c.model != s.cfg.ModelName {
-		if !s.servedElsewhere(c.model) {
+		if !s.cluster.Serves(c.model) {
 			return nil, s.unknownModel(c.model)
 		}
 		c.foreign = true
@@ -205,15 +200,9 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, c *completion, submit submit
 	if s.begin() {
 		// Draining. A peer's hop (sent before its ring dropped this node) is served here,
 		// where the conversation's cache is, and the cache moves to its next owner as the
-		// answer ends (keepWarm); a client's request goes to the next owner from here.
-		switch {
-		case c.internal, c.foreign:
-		case s.router != nil:
-			submit = s.router.Handoff
-		default:
-			s.end()
-			writeError(ctx, errNotReady)
-			return
+		// answer ends (Cluster.Served); a client's request goes to the next owner from here.
+		if !c.internal && !c.foreign {
+			submit = s.cluster.Handoff
 		}
 	}
 	select {
@@ -243,13 +232,13 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, c *completion, submit submit
 		return
 	}
 	// ended runs when the answer is complete, before its last bytes go out: a turn served
-	// here keeps its conversation warm elsewhere (see keepWarm) before the client can send
+	// here keeps its conversation warm elsewhere (see Cluster.Served) before the client can send
 	// the next one.
 	ended := func() {}
-	if _, forwarded := st.(routing.Server); !forwarded {
+	if node, _, _ := s.cluster.Route(st); node == "" {
 		ended = func() {
 			if st.Result().Err == nil {
-				s.keepWarm(c.req.SessionID)
+				s.cluster.Served(c.req.SessionID, s.isDraining())
 			}
 		}
 	}
@@ -267,8 +256,8 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, c *completion, submit submit
 		ended()
 		s.setGenerationHeaders(ctx, st)
 		s.countTurn(c, st)
-		if r, ok := st.(routing.Resumer); ok && r.Resumes() > 0 {
-			ctx.Response.Header.Set("X-Infernode-Resumed", strconv.Itoa(r.Resumes()))
+		if _, _, resumes := s.cluster.Route(st); resumes > 0 {
+			ctx.Response.Header.Set("X-Infernode-Resumed", strconv.Itoa(resumes))
 		}
 		writeJSON(ctx, fasthttp.StatusOK, c.response(text, res))
 		return
@@ -296,7 +285,7 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, c *completion, submit submit
 // token. A refusal before that (overloaded, not ready) keeps its status, so the entry node
 // can try the next owner.
 func (s *Server) answerHop(ctx *fasthttp.RequestCtx, st infer.Stream, formatted string, cancel context.CancelCauseFunc, done, ended func()) {
-	keepAlive := s.router.KeepAlive()
+	keepAlive := s.cluster.KeepAlive()
 	a := hop.NewAnswer(st, formatted)
 	if err := a.Wait(keepAlive); err != nil {
 		a.Close()
@@ -431,8 +420,8 @@ func (s *Server) stream(sse *sseWriter, st infer.Stream, c *completion, first st
 	for {
 		// A resume is marked with an SSE comment, which OpenAI clients ignore, so test
 		// harnesses can tell a resumed answer from an uninterrupted one.
-		if r, ok := st.(routing.Resumer); ok && r.Resumes() > resumes {
-			resumes = r.Resumes()
+		if _, _, n := s.cluster.Route(st); n > resumes {
+			resumes = n
 			if err := sse.comment("infernode-resumed " + strconv.Itoa(resumes)); err != nil {
 				return err
 			}
@@ -460,7 +449,8 @@ func (s *Server) stream(sse *sseWriter, st infer.Stream, c *completion, first st
 	ended()
 	// The hop count, known only now that every leg has answered; headers went with the
 	// first token.
-	if err := sse.comment("infernode-hops " + strconv.Itoa(hops(st))); err != nil {
+	_, hops, _ := s.cluster.Route(st)
+	if err := sse.comment("infernode-hops " + strconv.Itoa(hops)); err != nil {
 		return err
 	}
 	finish := res.FinishReason
@@ -479,10 +469,11 @@ func (s *Server) setGenerationHeaders(ctx *fasthttp.RequestCtx, st infer.Stream)
 	prompt, cached, _ := st.Admitted()
 	ctx.Response.Header.Set(hop.PromptHeader, strconv.Itoa(prompt))
 	ctx.Response.Header.Set(hop.CachedHeader, strconv.Itoa(cached))
-	if n, ok := st.(routing.Server); ok {
-		ctx.Response.Header.Set(hop.NodeHeader, n.Node())
+	node, hops, _ := s.cluster.Route(st)
+	if node != "" {
+		ctx.Response.Header.Set(hop.NodeHeader, node)
 	}
-	ctx.Response.Header.Set(hop.HopsHeader, strconv.Itoa(hops(st)))
+	ctx.Response.Header.Set(hop.HopsHeader, strconv.Itoa(hops))
 }
 
 // countTurn counts a follow-up turn as warm when the node serving it found some of its
@@ -496,14 +487,6 @@ func (s *Server) countTurn(c *completion, st infer.Stream) {
 		cache = "warm"
 	}
 	s.metrics.turns.WithLabelValues(cache).Inc()
-}
-
-// hops is how many forwards lie behind st's answer (0 when served here).
-func hops(st infer.Stream) int {
-	if h, ok := st.(routing.Hopper); ok {
-		return h.Hops()
-	}
-	return 0
 }
 
 // countCancel records why a request's context ended early, if it did.

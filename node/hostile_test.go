@@ -63,7 +63,7 @@ func TestUnroutedPaths(t *testing.T) {
 	}
 	if !strings.Contains(text, `infernode_http_requests_total{endpoint="other",status="413"} 1`) ||
 		!strings.Contains(text, `infernode_http_requests_total{endpoint="other",status="404"} 3`) {
-		t.Errorf("unrouted requests are not counted under \"other\":\n%s", grepLines(text, "infernode_http_requests_total"))
+		t.Errorf("unrouted requests are not counted under \"other\":\n%s", matchingLines(text, "infernode_http_requests_total"))
 	}
 }
 
@@ -92,11 +92,11 @@ func TestHandlerPanic(t *testing.T) {
 	text := scrape(t, url)
 	if !strings.Contains(text, "infernode_handler_panics_total 2") ||
 		!strings.Contains(text, `infernode_http_requests_total{endpoint="/v1/chat/completions",status="500"} 2`) {
-		t.Errorf("panics not counted:\n%s", grepLines(text, "panics|status=\"500\""))
+		t.Errorf("panics not counted:\n%s", matchingLines(text, "panics|status=\"500\""))
 	}
 }
 
-func grepLines(text, pattern string) string {
+func matchingLines(text, pattern string) string {
 	re := regexp.MustCompile(pattern)
 	var out []string
 	for _, l := range strings.Split(text, "\n") {

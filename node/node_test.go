@@ -59,7 +59,7 @@ func startNode(t *testing.T, edit func(*Config, *session.Config)) *testNode {
 	}
 	local := &session.Handle{}
 	local.Set(e)
-	srv, err := New(nc, local, nil)
+	srv, err := New(nc, local, Standalone(local, nc.ModelName))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,7 +20,6 @@ import (
 	"github.com/valyala/fasthttp/fasthttpadaptor"
 
 	"github.com/infernode/infernode/node/hop"
-	"github.com/infernode/infernode/node/routing"
 	"github.com/infernode/infernode/session/infer"
 )
 
@@ -33,22 +32,14 @@ type Engine interface {
 	ChatPrompt(msgs []infer.Message) (string, error)
 	Stats() infer.Stats
 	Ready() bool
-	// Snapshot copies a cached conversation's KV out as a KV frame; Import installs one;
-	// Conversations lists those cached, most recently used first; Demote keeps one that
-	// moved to its owner as a replica. See session.Engine.
-	Snapshot(ctx context.Context, key string) (infer.Frame, error)
-	Import(ctx context.Context, frame []byte, replica bool) (infer.Imported, error)
-	Conversations(ctx context.Context) ([]string, error)
-	Demote(ctx context.Context, key string) error
 }
 
 // Server serves the HTTP API of one node.
 type Server struct {
 	cfg     Config
 	log     *slog.Logger
-	engine  Engine          // the local engine
-	submit  submitFunc      // serves client requests: the router's Submit when clustered
-	router  *routing.Router // nil for a standalone node
+	engine  Engine  // the local engine
+	cluster Cluster // its routing.Router, or Standalone
 	metrics *metrics
 	http    *fasthttp.Server
 	promh   fasthttp.RequestHandler
@@ -73,15 +64,16 @@ type Server struct {
 // submitFunc starts a generation somewhere: on the local engine, or on its owner.
 type submitFunc func(ctx context.Context, req infer.Request) (infer.Stream, error)
 
-// New builds a server in front of engine. With a router, client requests are routed to
-// their conversation's owner and forwarded requests from peers are served by engine. It
-// starts nothing: Run serves (and the caller runs the router).
-func New(cfg Config, engine Engine, router *routing.Router) (*Server, error) {
+// New builds a server in front of engine, in cluster (Standalone(engine, ...) for a node
+// without peers): client requests go to their conversation's owner, and requests
+// forwarded by peers are served by engine. It starts nothing: Run serves (and the caller
+// runs the cluster).
+func New(cfg Config, engine Engine, cluster Cluster) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("node config: %w", err)
 	}
-	if engine == nil {
-		return nil, errors.New("node: engine is required")
+	if engine == nil || cluster == nil {
+		return nil, errors.New("node: engine and cluster are required")
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -91,17 +83,13 @@ func New(cfg Config, engine Engine, router *routing.Router) (*Server, error) {
 		cfg:       cfg,
 		log:       log.With("component", "node", "node", cfg.ID),
 		engine:    engine,
-		submit:    engine.Submit,
-		router:    router,
+		cluster:   cluster,
 		metrics:   newMetrics(engine.Stats),
 		slots:     make(chan struct{}, cfg.MaxStreams),
 		created:   time.Now().Unix(),
 		stopFeeds: make(chan struct{}),
 	}
-	if router != nil {
-		s.submit = router.Submit
-		s.metrics.reg.MustRegister(router.Collectors()...)
-	}
+	s.metrics.reg.MustRegister(cluster.Collectors()...)
 	s.base, s.cancelBase = context.WithCancel(context.Background())
 	s.promh = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}))
 	s.routes = s.routeTable()
@@ -117,7 +105,7 @@ func New(cfg Config, engine Engine, router *routing.Router) (*Server, error) {
 		NoDefaultContentType: true,
 		Logger:               fasthttpLogger{s.log},
 	}
-	if router != nil { // peers push KV frames, larger than any API request
+	if cluster.Hop() != nil { // peers push KV frames, larger than any API request
 		s.http.MaxRequestBodySize = max(2*cfg.MaxBodyBytes, cfg.MaxKVBytes)
 	}
 	return s, nil
@@ -137,9 +125,6 @@ func (s *Server) Run(ctx context.Context) error {
 	s.log.Info("serving", "addr", ln.Addr().String(), "model", s.cfg.ModelName)
 	errc := make(chan error, 1)
 	go func() { errc <- s.http.Serve(ln) }()
-	if s.router != nil {
-		go s.followRing(ctx, 300*time.Millisecond) // a join comes with a short burst of ring changes
-	}
 	select {
 	case err := <-errc:
 		return fmt.Errorf("serve: %w", err)
@@ -259,29 +244,37 @@ type route struct {
 }
 
 // routes are the paths a node serves, and so the only endpoint labels besides
-// "/v1/models/{id}" and "other".
+// "/v1/models/{id}" and "other". A node that takes no hops (standalone) has no hop
+// endpoints, and says so on the cluster's.
 func (s *Server) routeTable() map[string]route {
 	get, post := fasthttp.MethodGet, fasthttp.MethodPost
-	return map[string]route{
+	routes := map[string]route{
 		"/v1/chat/completions": {method: post, auth: true, serve: func(ctx *fasthttp.RequestCtx) { s.handleCompletion(ctx, true) }},
 		"/v1/completions":      {method: post, auth: true, serve: func(ctx *fasthttp.RequestCtx) { s.handleCompletion(ctx, false) }},
 		"/v1/models":           {method: get, auth: true, serve: s.handleModels},
 		"/healthz": {method: get, serve: func(ctx *fasthttp.RequestCtx) {
 			writeJSON(ctx, fasthttp.StatusOK, map[string]string{"status": "ok"})
 		}},
-		"/readyz":     {method: get, serve: s.handleReady},
-		"/v1/cluster": {method: get, auth: true, serve: s.handleCluster},
-		"/v1/events":  {method: get, auth: true, serve: s.handleEvents},
+		"/readyz": {method: get, serve: s.handleReady},
 		// The page holds no data (it fetches it with the key the user gives it), so it is
 		// served without one.
-		"/":             {method: get, serve: s.handleDashboard},
-		"/dashboard":    {method: get, serve: s.handleDashboard},
-		hop.Path:        {method: post, serve: s.handleInternal},
-		hop.KVPath:      {method: post, kv: true, serve: func(ctx *fasthttp.RequestCtx) { s.handleKV(ctx, false) }},
-		hop.ReplicaPath: {method: post, kv: true, serve: func(ctx *fasthttp.RequestCtx) { s.handleKV(ctx, true) }},
-		hop.PullPath:    {method: post, serve: s.handlePull},
-		"/metrics":      {method: get, auth: !s.cfg.MetricsOpen, serve: s.promh},
+		"/":          {method: get, serve: s.handleDashboard},
+		"/dashboard": {method: get, serve: s.handleDashboard},
+		"/metrics":   {method: get, auth: !s.cfg.MetricsOpen, serve: s.promh},
 	}
+	if s.cluster.Hop() == nil {
+		standalone := func(ctx *fasthttp.RequestCtx) { writeError(ctx, errStandalone) }
+		routes["/v1/cluster"] = route{method: get, auth: true, serve: standalone}
+		routes["/v1/events"] = route{method: get, auth: true, serve: standalone}
+		return routes
+	}
+	routes["/v1/cluster"] = route{method: get, auth: true, serve: s.handleCluster}
+	routes["/v1/events"] = route{method: get, auth: true, serve: s.handleEvents}
+	routes[hop.Path] = route{method: post, serve: s.handleInternal}
+	routes[hop.KVPath] = route{method: post, kv: true, serve: func(ctx *fasthttp.RequestCtx) { s.handleKV(ctx, false) }}
+	routes[hop.ReplicaPath] = route{method: post, kv: true, serve: func(ctx *fasthttp.RequestCtx) { s.handleKV(ctx, true) }}
+	routes[hop.PullPath] = route{method: post, serve: s.handlePull}
+	return routes
 }
 
 // guard checks method and API key, then serves.
@@ -319,15 +312,7 @@ func (s *Server) handleParseError(ctx *fasthttp.RequestCtx, err error) {
 
 // ready reports whether this node serves: model loaded and warmed, and (in a cluster)
 // gossip joined. It does not depend on being on anyone's ring: peers probe it to decide that.
-func (s *Server) ready() (bool, string) {
-	if s.router != nil {
-		return s.router.Ready()
-	}
-	if !s.engine.Ready() {
-		return false, "model loading or engine stopped"
-	}
-	return true, ""
-}
+func (s *Server) ready() (bool, string) { return s.cluster.Ready() }
 
 func (s *Server) handleReady(ctx *fasthttp.RequestCtx) {
 	ok, why := s.ready()
@@ -343,10 +328,6 @@ func (s *Server) handleReady(ctx *fasthttp.RequestCtx) {
 }
 
 func (s *Server) handleCluster(ctx *fasthttp.RequestCtx) {
-	if s.router == nil {
-		writeError(ctx, errStandalone)
-		return
-	}
 	points := 0
 	if arg := ctx.QueryArgs().Peek("ring"); arg != nil {
 		n, err := strconv.Atoi(string(arg))
@@ -356,7 +337,7 @@ func (s *Server) handleCluster(ctx *fasthttp.RequestCtx) {
 		}
 		points = n
 	}
-	writeJSON(ctx, fasthttp.StatusOK, s.router.View(points))
+	writeJSON(ctx, fasthttp.StatusOK, s.cluster.View(points))
 }
 
 type modelObject struct {
@@ -371,29 +352,14 @@ type modelObject struct {
 	Local bool `json:"local"` // served by this node
 }
 
-// models lists the models the cluster serves, this node's first: every model any live
-// peer serves, when clustered.
+// models lists the models the cluster serves, this node's first.
 func (s *Server) models() []modelObject {
-	ready := 0
-	if ok, _ := s.ready(); ok {
-		ready = 1
-	}
-	out := []modelObject{{ID: s.cfg.ModelName, Nodes: 1, Ready: ready, Local: true}}
-	if s.router != nil {
-		out = out[:0]
-		for _, m := range s.router.Models() {
-			out = append(out, modelObject{ID: m.ID, Nodes: m.Nodes, Ready: m.Ready, Local: m.Local})
-		}
-	}
-	for i := range out {
-		out[i].Object, out[i].Created, out[i].OwnedBy = "model", s.created, "infernode"
+	var out []modelObject
+	for _, m := range s.cluster.Models() {
+		out = append(out, modelObject{ID: m.ID, Object: "model", Created: s.created, OwnedBy: "infernode",
+			Nodes: m.Nodes, Ready: m.Ready, Local: m.Local})
 	}
 	return out
-}
-
-// servedElsewhere reports whether a live peer serves model.
-func (s *Server) servedElsewhere(model string) bool {
-	return s.router != nil && s.router.Serves(model)
 }
 
 func (s *Server) handleModels(ctx *fasthttp.RequestCtx) {

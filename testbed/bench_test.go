@@ -174,7 +174,7 @@ func BenchmarkTransferOrRecompute(b *testing.B) {
 				p, _ := c.Metric(c.Nodes[0], "infernode_prefill_tokens_per_second")
 				prefill = max(prefill, p)
 				// Streamed, for the time to the first token: the answer's end waits for its
-				// replica's push (see node.keepWarm), which a slow link makes long.
+				// replica's push (see kvmove.Mover.KeepWarm), which a slow link makes long.
 				first := func(m []message) Record {
 					r := request(b.Context(), client, c.Nodes[0], m, 1, true, time.Minute, nil)
 					if r.Kind != "ok" {

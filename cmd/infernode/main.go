@@ -26,6 +26,7 @@ import (
 
 	"github.com/infernode/infernode/gossip"
 	"github.com/infernode/infernode/node"
+	"github.com/infernode/infernode/node/hop"
 	"github.com/infernode/infernode/node/routing"
 	"github.com/infernode/infernode/session"
 )
@@ -147,8 +148,8 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&rc.HTTPAddr, "advertise-http", "", "HTTP host:port peers use to reach this node (default: the bound address)")
 	fs.DurationVar(&rc.ProbeInterval, "probe-interval", rc.ProbeInterval, "how often peers' /readyz are checked")
 	fs.StringVar(&network, "network", "lan", "lan, or wan: gossip and peer checks paced for peers a WAN apart (docs/SCALE.md)")
-	fs.IntVar(&rc.Replicas, "replicas", rc.Replicas, "nodes that keep a copy of a conversation's KV after each turn, for when its owner fails (0 to 3)")
-	fs.Float64Var(&rc.KVBandwidth, "kv-bandwidth", rc.KVBandwidth, "Mbit/s this node's KV transfers may use together (0: unbounded)")
+	fs.IntVar(&rc.KV.Replicas, "replicas", rc.KV.Replicas, "nodes that keep a copy of a conversation's KV after each turn, for when its owner fails (0 to 3)")
+	fs.Float64Var(&rc.KV.Bandwidth, "kv-bandwidth", rc.KV.Bandwidth, "Mbit/s this node's KV transfers may use together (0: unbounded)")
 	fs.StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
@@ -338,7 +339,7 @@ func newCluster(opts options, ln net.Listener, local *session.Handle, log *slog.
 	rc.Self, rc.Fingerprint, rc.Model, rc.Logger = opts.node.ID, fp, opts.node.ModelName, log
 	rc.DefaultMaxTokens, rc.QueueCap = opts.engine.DefaultMaxTokens, opts.engine.MaxQueue
 	gc.ID, gc.Logger = opts.node.ID, log
-	g, err := gossip.New(gc, gossip.Meta{ID: rc.Self, HTTPAddr: rc.HTTPAddr, Fingerprint: fp, Hop: routing.Versions})
+	g, err := gossip.New(gc, gossip.Meta{ID: rc.Self, HTTPAddr: rc.HTTPAddr, Fingerprint: fp, Hop: hop.Versions})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -373,13 +374,15 @@ func serve(opts options, log *slog.Logger) error {
 	local := &session.Handle{}
 	var router *routing.Router
 	var g *gossip.Gossip
+	cluster := node.Standalone(local, opts.node.ModelName)
 	if opts.joinCluster {
 		if router, g, err = newCluster(opts, ln, local, log); err != nil {
 			ln.Close()
 			return err
 		}
+		cluster = router
 	}
-	srv, err := node.New(opts.node, local, router)
+	srv, err := node.New(opts.node, local, cluster)
 	if err != nil {
 		ln.Close()
 		return err
@@ -424,7 +427,7 @@ func serve(opts options, log *slog.Logger) error {
 			// Drained: hand the conversations cached here to their next owners, most
 			// recently used first, for up to the drain timeout again.
 			hctx, cancel := context.WithTimeout(context.Background(), opts.node.DrainTimeout)
-			srv.HandOff(hctx, true)
+			router.KV().HandOff(hctx, true)
 			cancel()
 		}
 		stopEngine()

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strconv"
 
 	"github.com/infernode/infernode/session/infer"
@@ -185,4 +186,9 @@ func DecodeError(resp *http.Response) *Error {
 		e.Error.RetryAfter = ra
 	}
 	return e.Error
+}
+
+// URL is the address of path on the node whose API listens at addr (host:port).
+func URL(addr, path string) string {
+	return (&url.URL{Scheme: "http", Host: addr, Path: path}).String()
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/infernode/infernode/internal/validate"
+	"github.com/infernode/infernode/node/kvmove"
 	"github.com/infernode/infernode/ring"
 )
 
@@ -65,21 +66,8 @@ type Config struct {
 	// MaxLine caps one line of a hop's answer stream; a longer one fails the stream as a
 	// broken owner. Default 1 MiB.
 	MaxLine int
-	// KVTransfers is how many KV pushes to peers may run at once. Default 2.
-	KVTransfers int
-	// KVTimeout bounds one KV push. Default 60s.
-	KVTimeout time.Duration
-	// KVBandwidth bounds the KV pushes of this node together, in megabits a second; 0
-	// leaves them unbounded. Default 800.
-	KVBandwidth float64
-	// KVMargin is how much sooner a transfer must be expected to finish than the
-	// destination would prefill the conversation's tokens, for a conversation to move by
-	// transfer rather than be recomputed there. Default 1.25.
-	KVMargin float64
-	// Replicas is how many other nodes keep a copy of a conversation's KV after each of
-	// its turns, for when its owner fails: the node that would take it over, then the one
-	// after it. 0 turns replication off. Default 1.
-	Replicas int
+	// KV configures the movement of conversations' KV caches between nodes.
+	KV kvmove.Config
 	// GrayFactor and GrayFloor make a peer slow in this node's eyes (a gray failure) when
 	// its probes' round trips, or the gaps between the tokens it sends back, average more
 	// than GrayFactor times the other peers' lower median and GrayFloor more, for
@@ -126,17 +114,13 @@ func DefaultConfig() Config {
 		ProgressTimeout: 15 * time.Second,       // far above a token's time or a keep-alive's; a stalled owner costs its clients this
 		MaxLine:         1 << 20,                // one token's text is a few bytes; an error message a few KiB
 		Candidates:      3,                      // the owner and two successors
-		KVTransfers:     2,                      // a transfer saturates a LAN link or a core; serving keeps the rest
-		KVTimeout:       60 * time.Second,       // 64 MiB at 10 Mbit/s would take longer: then recomputing is cheaper
-		KVBandwidth:     800,                    // of a gigabit link, a fifth stays for serving and gossip
-		KVMargin:        1.25,                   // the estimates are moving averages; an import also stalls the destination briefly
-		Replicas:        1,                      // a crash costs its conversations a transfer, not a prefill
 		GrayFactor:      3,
 		GrayFloor:       10 * time.Millisecond,
 		GrayEnter:       4,
 		GrayExit:        6,
 		DegradedShare:   0.25,
 		Ring:            ring.DefaultConfig(),
+		KV:              kvmove.DefaultConfig(),
 	}
 }
 
@@ -178,11 +162,6 @@ func (c Config) Validate() error {
 	check(c.MaxLine >= 4096, "max line must be at least 4096 bytes, got %d", c.MaxLine)
 	check(c.Candidates >= 1, "candidates must be at least 1, got %d", c.Candidates)
 	check(c.ProbePeers >= 1, "probe peers must be at least 1, got %d", c.ProbePeers)
-	check(c.KVTransfers >= 1, "KV transfers must be at least 1, got %d", c.KVTransfers)
-	p.Positive("KV timeout", c.KVTimeout)
-	check(c.KVBandwidth >= 0, "KV bandwidth must not be negative, got %g", c.KVBandwidth)
-	check(c.KVMargin >= 1, "KV margin must be at least 1, got %g", c.KVMargin)
-	check(c.Replicas >= 0 && c.Replicas <= maxReplicas, "replicas must be between 0 and %d, got %d", maxReplicas, c.Replicas)
 	check(c.DefaultMaxTokens >= 1, "default max tokens must be at least 1, got %d", c.DefaultMaxTokens)
 	check(c.QueueCap >= 0, "queue capacity must not be negative, got %d", c.QueueCap)
 	check(c.GrayFactor > 1, "gray factor must be above 1, got %g", c.GrayFactor)
@@ -191,6 +170,8 @@ func (c Config) Validate() error {
 	check(c.DegradedShare >= 0 && c.DegradedShare <= 1, "degraded share must be in [0, 1], got %g", c.DegradedShare)
 	err := c.Ring.Validate()
 	check(err == nil, "ring: %w", err)
+	err = c.KV.Validate()
+	check(err == nil, "%w", err)
 	return p.Err()
 }
 

@@ -196,6 +196,17 @@ func (e *fakeEngine) Submit(ctx context.Context, req infer.Request) (infer.Strea
 func (e *fakeEngine) Stats() infer.Stats { return infer.Stats{Running: e.get().running} }
 func (e *fakeEngine) Ready() bool        { return true }
 
+// The fake engine caches nothing: KV movement is tested in kvmove, and with the real engine.
+func (*fakeEngine) Snapshot(context.Context, string) (infer.Frame, error) {
+	return nil, infer.ErrNotCached
+}
+func (*fakeEngine) Import(context.Context, []byte, bool) (infer.Imported, error) {
+	return infer.Imported{}, infer.ErrFrame
+}
+func (*fakeEngine) Conversations(context.Context) ([]string, error) { return nil, nil }
+func (*fakeEngine) Demote(context.Context, string) error            { return nil }
+func (*fakeEngine) Holds(string) bool                               { return false }
+
 type fakeStream struct {
 	ctx        context.Context
 	e          *fakeEngine

@@ -33,21 +33,14 @@ var (
 	ErrNoModel = errors.New("no node serves the model")
 )
 
-// Resumer is a stream that may have moved to another owner mid-answer.
-type Resumer interface {
-	// Resumes is how many times the answer moved.
-	Resumes() int
-}
-
-// Server is a stream that knows which node serves it now.
-type Server interface {
-	Node() string
-}
-
-// Hopper is a stream that knows how many forwards lie behind it: the most of any of its
-// legs.
-type Hopper interface {
-	Hops() int
+// Route says where st, a stream this router returned, is served: the node serving it now
+// ("" when it is this node's engine's own), how many forwards lie behind it (the most of
+// any of its legs) and how many times it moved to another owner mid-answer.
+func (r *Router) Route(st infer.Stream) (node string, hops, resumes int) {
+	if s, ok := st.(*routed); ok {
+		return s.Node(), s.Hops(), s.resume
+	}
+	return "", 0, 0
 }
 
 // Submit serves req, for this node's model, on its conversation's owner: locally when
@@ -203,7 +196,7 @@ func (r *Router) forward(ctx context.Context, c candidate, model string, req inf
 		case <-fctx.Done():
 		}
 	}()
-	hreq, err := http.NewRequestWithContext(fctx, "POST", peerURL(c.addr, hop.Path), bytes.NewReader(body))
+	hreq, err := http.NewRequestWithContext(fctx, "POST", hop.URL(c.addr, hop.Path), bytes.NewReader(body))
 	if err != nil {
 		cancel(nil)
 		return nil, fmt.Errorf("forward to %s: %w", c.id, err)
@@ -507,7 +500,6 @@ func (s *routed) Result() infer.Result {
 }
 
 func (s *routed) Admitted() (int, int, bool) { return s.cur.Admitted() }
-func (s *routed) Resumes() int               { return s.resume }
 func (s *routed) Tokens() int                { return s.base + s.cur.Tokens() }
 
 // Hops is the most forwards behind any leg of the answer so far.
@@ -537,7 +529,4 @@ var (
 	_ infer.Stream = (*peerStream)(nil)
 	_ infer.Stream = (*routed)(nil)
 	_ infer.Stream = finished{}
-	_ Resumer      = (*routed)(nil)
-	_ Server       = (*routed)(nil)
-	_ Hopper       = (*routed)(nil)
 )

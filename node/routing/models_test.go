@@ -66,7 +66,7 @@ func TestOtherModels(t *testing.T) {
 	if res.Err != nil || text != " w0 w1 w2 w3 w4 w5 w6 w7" {
 		t.Fatalf("answer %q, err %v; want the 8 words uninterrupted", text, res.Err)
 	}
-	if r := st.(Resumer).Resumes(); r != 1 {
+	if r := resumes(st); r != 1 {
 		t.Fatalf("resumes = %d, want 1", r)
 	}
 	for id, want := range map[string]string{"b": "m2: user: hi\n", "c": "m2: user: hi\n w0 w1 w2"} {

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -16,10 +15,10 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"golang.org/x/time/rate"
 
 	"github.com/infernode/infernode/gossip"
 	"github.com/infernode/infernode/node/hop"
+	"github.com/infernode/infernode/node/kvmove"
 	"github.com/infernode/infernode/ring"
 	"github.com/infernode/infernode/session/infer"
 )
@@ -39,12 +38,12 @@ type Membership interface {
 	Addr() string
 }
 
-// Engine is what routing needs of the local inference engine. Implementations are safe
-// for concurrent use.
+// Engine is what routing needs of the local inference engine: serving, and (for kvmove)
+// moving conversations' KV. Implementations are safe for concurrent use.
 type Engine interface {
 	Submit(ctx context.Context, req infer.Request) (infer.Stream, error)
-	Stats() infer.Stats
 	Ready() bool
+	kvmove.Local
 }
 
 var _ Membership = (*gossip.Gossip)(nil)
@@ -78,12 +77,8 @@ type Router struct {
 	heirRings            map[heirKey]*ring.Ring // the ring without some members (see heirs), guarded by heirMu
 	started              time.Time              // when the router was made (see settling)
 	settled              atomic.Bool            // it has been ready
-	joined               time.Time              // when this node's ring first held another member (see previousOwner)
-	pulled               map[string]bool        // conversations pulled since (see pull)
+	joined               time.Time              // when this node's ring first held another member (see kvmove's pulls)
 	ringCh               chan struct{}          // signaled (coalesced) when the ring changes
-	kvSlots              chan struct{}          // KV pushes in flight (see PushKV)
-	kvLimit              *rate.Limiter          // bytes a second of KV pushes (nil: no bound)
-	kvRates              map[string]float64     // bytes a second of past pushes, by peer id (moving average)
 	events               happenings
 	rate                 decodeRate // tokens a second this node generates, as gossiped
 
@@ -91,7 +86,7 @@ type Router struct {
 	resumes   prometheus.Counter
 	ringSize  prometheus.GaugeFunc
 	degradedN prometheus.GaugeFunc
-	kv        kvMetrics
+	kv        *kvmove.Mover
 }
 
 // New builds a router. It starts nothing: Run does.
@@ -126,13 +121,9 @@ func New(cfg Config, g Membership, local Engine) (*Router, error) {
 		names:    map[string]string{cfg.Model: ""},
 		degraded: map[string]bool{},
 		ringCh:   make(chan struct{}, 1),
-		kvSlots:  make(chan struct{}, cfg.KVTransfers),
-		kvLimit:  newKVLimit(cfg.KVBandwidth),
-		kvRates:  map[string]float64{},
 		started:  clock.Now(),
 		// Each node starts its turns at its own place (see probeTargets).
 		probeNext: int(crc32.ChecksumIEEE([]byte(cfg.Self)) % (1 << 20)),
-		kv:        newKVMetrics(),
 		forwards: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "infernode_forwards_total", Help: "Requests forwarded to their owner, by outcome.",
 		}, []string{"outcome"}),
@@ -150,6 +141,14 @@ func New(cfg Config, g Membership, local Engine) (*Router, error) {
 		defer r.mu.Unlock()
 		return float64(len(r.degraded))
 	})
+	kv := cfg.KV
+	if kv.Logger == nil {
+		kv.Logger = r.log
+	}
+	var err error
+	if r.kv, err = kvmove.New(kv, kvRing{r}, local, r.hop, r.client, clock.Now); err != nil {
+		return nil, err
+	}
 	if len(cfg.Secret) == 0 {
 		r.log.Warn("hops are not authenticated (insecure): anyone who reaches this node's HTTP port can submit raw requests as a peer")
 	}
@@ -158,11 +157,8 @@ func New(cfg Config, g Membership, local Engine) (*Router, error) {
 
 // Collectors are the router's Prometheus metrics.
 func (r *Router) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{r.forwards, r.resumes, r.ringSize, r.degradedN, r.kv.transfers, r.kv.bytes, r.kv.seconds}
+	return append([]prometheus.Collector{r.forwards, r.resumes, r.ringSize, r.degradedN}, r.kv.Collectors()...)
 }
-
-// RingChanges signals (coalesced) that this node's ring changed.
-func (r *Router) RingChanges() <-chan struct{} { return r.ringCh }
 
 // KeepAlive is how often this node, as an owner, tells an entry node that a forwarded
 // request without a token yet is still in hand.
@@ -205,6 +201,7 @@ const syncDelay = 50 * time.Millisecond
 
 // Run follows membership, checks peers and gossips this node's state until ctx ends.
 func (r *Router) Run(ctx context.Context) error {
+	go r.kv.FollowRing(ctx, r.ringCh)
 	probe := time.NewTicker(r.cfg.ProbeInterval)
 	defer probe.Stop()
 	var burst <-chan time.Time // set while a burst of membership changes gathers
@@ -401,7 +398,7 @@ func (r *Router) ringChanged() {
 	r.log.Info("ring changed", "members", members)
 	r.happened("ring", "", fmt.Sprintf("%d on this node's ring", len(members)))
 	if r.joined.IsZero() && len(members) > 1 && slices.Contains(members, r.cfg.Self) {
-		r.joined, r.pulled = r.clock.Now(), map[string]bool{}
+		r.joined = r.clock.Now()
 	}
 	r.abandonDown()
 	select {
@@ -542,7 +539,7 @@ func (r *Router) probe(ctx context.Context, addr string) bool {
 	defer cancel()
 	t := r.clock.AfterFunc(r.cfg.ProbeTimeout, cancel)
 	defer t.Stop()
-	req, err := http.NewRequestWithContext(ctx, "GET", peerURL(addr, "/readyz"), nil)
+	req, err := http.NewRequestWithContext(ctx, "GET", hop.URL(addr, "/readyz"), nil)
 	if err != nil {
 		return false
 	}
@@ -552,11 +549,6 @@ func (r *Router) probe(ctx context.Context, addr string) bool {
 	}
 	resp.Body.Close()
 	return resp.StatusCode == http.StatusOK
-}
-
-// peerURL builds a URL on a peer from its validated host:port.
-func peerURL(addr, path string) string {
-	return (&url.URL{Scheme: "http", Host: addr, Path: path}).String()
 }
 
 // observe records one check of peer's health, a probe or a forward's outcome, and

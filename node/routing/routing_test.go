@@ -29,17 +29,17 @@ func uninterrupted(n int) string {
 
 // servedBy is the node serving st: a routed stream says; a local one is the entry's.
 func servedBy(st infer.Stream) string {
-	if s, ok := st.(Server); ok {
-		return s.Node()
+	var r *Router
+	if node, _, _ := r.Route(st); node != "" {
+		return node
 	}
 	return "a"
 }
 
 func resumes(st infer.Stream) int {
-	if r, ok := st.(Resumer); ok {
-		return r.Resumes()
-	}
-	return 0
+	var r *Router
+	_, _, n := r.Route(st)
+	return n
 }
 
 func TestRouting(t *testing.T) {
@@ -119,7 +119,7 @@ func TestRouting(t *testing.T) {
 				if tc.want == "a" && tc.resumes == 0 {
 					wantHops = 0
 				}
-				if h, ok := st.(Hopper); (ok && h.Hops() != wantHops) || (!ok && wantHops != 0) {
+				if _, hops, _ := (*Router)(nil).Route(st); hops != wantHops {
 					t.Errorf("request %d: hops %v, want %d", i, st, wantHops)
 				}
 			}

@@ -1,0 +1,108 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/infernode/infernode/node/hop"
+	"github.com/infernode/infernode/node/routing"
+	"github.com/infernode/infernode/session/infer"
+)
+
+// Cluster is what a node needs of the cluster it belongs to: *routing.Router in a
+// cluster, Standalone alone. Implementations are safe for concurrent use.
+type Cluster interface {
+	// Submit serves a client's request for this node's model on its conversation's owner;
+	// SubmitModel one for a model only peers serve; Handoff one on an owner other than
+	// this (draining) node; ServeLocal a peer's forwarded request here.
+	Submit(ctx context.Context, req infer.Request) (infer.Stream, error)
+	SubmitModel(ctx context.Context, model string, req infer.Request) (infer.Stream, error)
+	Handoff(ctx context.Context, req infer.Request) (infer.Stream, error)
+	ServeLocal(ctx context.Context, req infer.Request) (infer.Stream, error)
+	// Route says where st, a stream Submit returned, is served: the node ("" when it is
+	// this node's engine's own), the forwards behind it, and how many times it resumed on
+	// another owner mid-answer.
+	Route(st infer.Stream) (node string, hops, resumes int)
+	// Served is told that a turn of key's conversation, served here, is complete.
+	Served(key string, draining bool)
+	// TakeKV installs a conversation's KV frame a peer pushed; GiveKV answers a peer's
+	// pull with one (to be released after writing).
+	TakeKV(ctx context.Context, frame []byte, replica bool, from string) (infer.Imported, error)
+	GiveKV(ctx context.Context, key, peer string) (infer.Frame, error)
+	// Hop verifies what peers send; nil for a node that takes no hops.
+	Hop() *hop.Auth
+	// KeepAlive is how often a forwarded request's answer says the owner is working.
+	KeepAlive() time.Duration
+	// Ready reports whether this node serves, and why not.
+	Ready() (bool, string)
+	// Models lists the models the cluster serves, this node's first; Serves reports
+	// whether a live peer serves model.
+	Models() []routing.ModelInfo
+	Serves(model string) bool
+	// View is the cluster as this node sees it; Happenings its recent events, then new
+	// ones until stop.
+	View(points int) routing.View
+	Happenings() (recent []routing.Happening, next <-chan routing.Happening, stop func())
+	Collectors() []prometheus.Collector
+}
+
+// Standalone is a node without peers: everything is served here (groupcache's NoPeers).
+func Standalone(engine Engine, model string) Cluster { return standalone{engine, model} }
+
+type standalone struct {
+	engine Engine
+	model  string
+}
+
+func (s standalone) Submit(ctx context.Context, req infer.Request) (infer.Stream, error) {
+	return s.engine.Submit(ctx, req)
+}
+
+func (s standalone) SubmitModel(ctx context.Context, model string, req infer.Request) (infer.Stream, error) {
+	return nil, fmt.Errorf("%w: %q", routing.ErrNoModel, model)
+}
+
+// Handoff has no other owner to go to: a draining standalone node is not ready.
+func (standalone) Handoff(context.Context, infer.Request) (infer.Stream, error) {
+	return nil, infer.ErrClosed
+}
+
+func (s standalone) ServeLocal(ctx context.Context, req infer.Request) (infer.Stream, error) {
+	return s.engine.Submit(ctx, req)
+}
+
+func (standalone) Route(infer.Stream) (string, int, int) { return "", 0, 0 }
+func (standalone) Served(string, bool)                   {}
+func (standalone) TakeKV(context.Context, []byte, bool, string) (infer.Imported, error) {
+	return infer.Imported{}, errStandalone
+}
+func (standalone) GiveKV(context.Context, string, string) (infer.Frame, error) {
+	return nil, errStandalone
+}
+func (standalone) Hop() *hop.Auth           { return nil }
+func (standalone) KeepAlive() time.Duration { return 0 }
+
+func (s standalone) Ready() (bool, string) {
+	if !s.engine.Ready() {
+		return false, "model loading or engine stopped"
+	}
+	return true, ""
+}
+
+func (s standalone) Models() []routing.ModelInfo {
+	ready := 0
+	if ok, _ := s.Ready(); ok {
+		ready = 1
+	}
+	return []routing.ModelInfo{{ID: s.model, Nodes: 1, Ready: ready, Local: true}}
+}
+
+func (standalone) Serves(string) bool                 { return false }
+func (standalone) View(int) routing.View              { return routing.View{} }
+func (standalone) Collectors() []prometheus.Collector { return nil }
+func (standalone) Happenings() ([]routing.Happening, <-chan routing.Happening, func()) {
+	return nil, nil, func() {}
+}

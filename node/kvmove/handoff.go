@@ -1,0 +1,106 @@
+package kvmove
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/infernode/infernode/session/infer"
+)
+
+// The hand-off policy: a conversation's KV follows its ownership. A node pushes the caches
+// it holds but does not own to their owners when it leaves and when its ring changes (a
+// join moved some conversations away), and after each turn it serves keeps a copy where
+// the next turn would go if it were gone.
+
+// HandOff pushes conversations cached here to their owners, most recently used first,
+// until ctx ends: every one when leaving, else those another node owns now. It returns
+// how many moved and how many could not.
+func (m *Mover) HandOff(ctx context.Context, leaving bool) (moved, failed int) {
+	keys, err := m.local.Conversations(ctx)
+	if err != nil {
+		m.log.Warn("hand-off: cannot list conversations", "err", err)
+		return 0, 0
+	}
+	start := time.Now()
+	for _, key := range keys {
+		if ctx.Err() != nil {
+			failed++
+			continue
+		}
+		why := Leaving
+		if !leaving {
+			if _, other := m.ring.Owner(key); !other {
+				continue
+			}
+			why = ToOwner
+		}
+		switch peer, err := m.Push(ctx, key, why); {
+		case errors.Is(err, infer.ErrNotCached): // running a turn, or evicted since: nothing to move
+		case errors.Is(err, ErrRecompute):
+			m.log.Debug("hand-off: the owner recomputes it", "session", key, "err", err)
+		case err != nil:
+			failed++
+			m.log.Warn("hand-off failed", "session", key, "sent to", peer, "err", err)
+		default:
+			moved++
+			if !leaving {
+				// Kept, as a replica: evicted first, and a copy if the owner fails.
+				m.local.Demote(ctx, key)
+			}
+		}
+	}
+	if moved+failed > 0 {
+		m.log.Info("hand-off", "leaving", leaving, "moved", moved, "failed", failed, "took", time.Since(start).Round(time.Millisecond))
+	}
+	return moved, failed
+}
+
+// FollowRing hands conversations this node no longer owns to their new owners whenever
+// its ring changes (a signal on changes: a join, a return), once the ring has been quiet
+// for Config.Settle. It returns when ctx ends.
+func (m *Mover) FollowRing(ctx context.Context, changes <-chan struct{}) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-changes:
+		}
+		for quiet := false; !quiet; {
+			select {
+			case <-ctx.Done():
+				return
+			case <-changes:
+			case <-time.After(m.cfg.Settle):
+				quiet = true
+			}
+		}
+		m.HandOff(ctx, false)
+	}
+}
+
+// KeepWarm keeps a conversation's KV, after a turn served here, on the node that would
+// serve its next turn if this one were gone: while this node drains, its owner once this
+// node has left; otherwise (with replicas on) the node that takes over if this one dies,
+// as a replica. It runs when the answer is complete but before its end reaches the client,
+// so the next turn cannot overtake it; it adds no time to any token, only to the answer's
+// last event (the push's own time: a replica is skipped when transfers are busy, and gives
+// up after 2s).
+func (m *Mover) KeepWarm(key string, draining bool) {
+	why := Replica
+	switch {
+	case key == "":
+		return
+	case draining:
+		why = Leaving
+	case m.cfg.Replicas == 0:
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	peers, err := m.Push(ctx, key, why)
+	if err != nil && !errors.Is(err, infer.ErrNotCached) && !errors.Is(err, ErrBusy) &&
+		!errors.Is(err, ErrNoOwner) && !errors.Is(err, ErrRecompute) {
+		m.log.Debug("KV not pushed", "session", key, "sent to", peers, "err", err)
+	}
+}

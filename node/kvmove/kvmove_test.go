@@ -1,0 +1,256 @@
+package kvmove
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/infernode/infernode/node/hop"
+	"github.com/infernode/infernode/session/infer"
+)
+
+// Tests of KV movement between a mover and real HTTP peers that verify every hop's
+// signature, with a ring and an engine that the test scripts.
+
+var key = []byte("0123456789abcdef0123456789abcdef")
+
+// fakeRing is a cluster view the test writes.
+type fakeRing struct {
+	mu      sync.Mutex
+	owner   map[string]Peer // keys another node owns
+	heirs   []Peer
+	prefill map[string]float64
+	joined  time.Time
+}
+
+func (f *fakeRing) Owner(k string) (Peer, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	p, ok := f.owner[k]
+	return p, ok
+}
+func (f *fakeRing) Heirs(_ string, n int) []Peer    { return f.heirs[:min(n, len(f.heirs))] }
+func (f *fakeRing) Prefill(p string) float64        { return f.prefill[p] }
+func (f *fakeRing) Joined() time.Time               { return f.joined }
+func (f *fakeRing) Happened(string, string, string) {}
+
+// fakeLocal records the frames imported into it and holds nothing.
+type fakeLocal struct {
+	mu     sync.Mutex
+	frames []string
+}
+
+func (l *fakeLocal) Snapshot(context.Context, string) (infer.Frame, error) {
+	return nil, infer.ErrNotCached
+}
+func (l *fakeLocal) Import(_ context.Context, b []byte, _ bool) (infer.Imported, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.frames = append(l.frames, string(b))
+	return infer.Imported{}, nil
+}
+func (l *fakeLocal) Conversations(context.Context) ([]string, error) { return nil, nil }
+func (l *fakeLocal) Demote(context.Context, string) error            { return nil }
+func (l *fakeLocal) Holds(string) bool                               { return false }
+func (l *fakeLocal) Stats() infer.Stats                              { return infer.Stats{} }
+
+// peer is a node's receiving end of KV movement: it verifies each hop, records the paths
+// of the frames pushed to it, and answers pulls with "frame of KEY".
+type peer struct {
+	Peer
+	auth *hop.Auth
+	mu   sync.Mutex
+	took []string
+}
+
+func startPeer(t *testing.T, id string) *peer {
+	p := &peer{auth: hop.NewAuth(id, key, nil, time.Now, 30*time.Second)}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		if err := p.auth.Authenticate(hop.Inbound{Method: r.Method, Path: r.URL.Path, Header: r.Header.Get, Body: body}); err != nil {
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		}
+		p.mu.Lock()
+		p.took = append(p.took, r.URL.Path)
+		p.mu.Unlock()
+		if r.URL.Path == hop.PullPath {
+			w.Write([]byte("frame of " + string(body)))
+		}
+	}))
+	t.Cleanup(srv.Close)
+	p.Peer = Peer{ID: id, Addr: strings.TrimPrefix(srv.URL, "http://")}
+	return p
+}
+
+func (p *peer) frames() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.took)
+}
+
+func newMover(t *testing.T, ring Ring, local Local, edit func(*Config)) *Mover {
+	cfg := DefaultConfig()
+	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	if edit != nil {
+		edit(&cfg)
+	}
+	m, err := New(cfg, ring, local, hop.NewAuth("a", key, nil, time.Now, 30*time.Second), http.DefaultClient, time.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// testFrame is a frame of size zero bytes, said to hold tokens.
+type testFrame struct{ size, tokens int }
+
+func (f testFrame) WriteTo(w io.Writer) (int64, error) {
+	n, err := w.Write(make([]byte, f.size))
+	return int64(n), err
+}
+func (f testFrame) Len() int    { return f.size }
+func (f testFrame) Tokens() int { return f.tokens }
+func (testFrame) Release()      {}
+
+// TestPushes: a replica goes, signed, to every heir (up to Replicas) on the replica path;
+// a hand-off on leaving to the first heir; a push to the owner to the owner; with no one
+// to take it, ErrNoOwner.
+func TestPushes(t *testing.T) {
+	b, c, d := startPeer(t, "b"), startPeer(t, "c"), startPeer(t, "d")
+	ring := &fakeRing{owner: map[string]Peer{"moved": d.Peer}, heirs: []Peer{b.Peer, c.Peer}}
+	m := newMover(t, ring, &fakeLocal{}, func(c *Config) { c.Replicas = 2 })
+	for _, tc := range []struct {
+		key  string
+		why  Why
+		sent []string
+	}{
+		{"k", Replica, []string{"b", "c"}},
+		{"k", Leaving, []string{"b"}},
+		{"moved", ToOwner, []string{"d"}},
+	} {
+		sent, err := m.PushFrame(t.Context(), tc.key, testFrame{1000, 10}, tc.why)
+		if err != nil || !slices.Equal(sent, tc.sent) {
+			t.Errorf("push %d of %q: sent to %v (%v), want %v", tc.why, tc.key, sent, err, tc.sent)
+		}
+	}
+	if got, want := b.frames(), []string{hop.ReplicaPath, hop.KVPath}; !slices.Equal(got, want) {
+		t.Errorf("b took %v, want %v", got, want)
+	}
+	if got, want := c.frames(), []string{hop.ReplicaPath}; !slices.Equal(got, want) {
+		t.Errorf("c took %v, want %v", got, want)
+	}
+	if got, want := d.frames(), []string{hop.KVPath}; !slices.Equal(got, want) {
+		t.Errorf("d took %v, want %v", got, want)
+	}
+	if _, err := m.PushFrame(t.Context(), "own", testFrame{1000, 10}, ToOwner); !errors.Is(err, ErrNoOwner) {
+		t.Errorf("push of a conversation this node owns: %v, want ErrNoOwner", err)
+	}
+	// A peer with another secret refuses the frame: the push fails, naming the peer.
+	m2, err := New(DefaultConfig(), ring, &fakeLocal{}, hop.NewAuth("a", []byte("another key of sixteen+ bytes"), nil, time.Now, time.Minute),
+		http.DefaultClient, time.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m2.PushFrame(t.Context(), "moved", testFrame{10, 1}, ToOwner); err == nil || !strings.Contains(err.Error(), "push KV to d") {
+		t.Errorf("push signed with another key: %v, want refused by d", err)
+	}
+}
+
+// TestTransferOrRecompute: a conversation moves by transfer only when its frame would
+// arrive sooner, by the margin, than its owner would prefill its tokens; unknown rates
+// move it (and so measure the link).
+func TestTransferOrRecompute(t *testing.T) {
+	b := startPeer(t, "b")
+	ring := &fakeRing{owner: map[string]Peer{"k": b.Peer}, prefill: map[string]float64{}}
+	m := newMover(t, ring, &fakeLocal{}, nil)
+	push := func(tokens, size int) error {
+		_, err := m.PushFrame(t.Context(), "k", testFrame{size, tokens}, ToOwner)
+		return err
+	}
+	// Nothing known: it moves.
+	if err := push(10, 1000); err != nil {
+		t.Fatalf("push with no rates known: %v", err)
+	}
+	ring.prefill["b"] = 100 // tokens a second
+	for _, tc := range []struct {
+		tokens, size int
+		move         bool
+	}{
+		{1000, 1 << 20, true},   // transfer ~1s, prefill 10s
+		{100, 1 << 20, false},   // transfer ~1s, prefill 1s
+		{100, 900_000, false},   // 0.9s, by the margin 1.125s, against 1s
+		{125, 900_000, true},    // 1.125s against 1.25s
+		{1, 100_000_000, false}, // 100 MB for a token
+	} {
+		m.mu.Lock()
+		m.rates["b"] = 1e6 // bytes a second, as past pushes measured (a push updates it)
+		m.mu.Unlock()
+		n := len(b.frames())
+		err := push(tc.tokens, tc.size)
+		moved := len(b.frames()) == n+1
+		if tc.move != moved || tc.move != (err == nil) || (!tc.move && !errors.Is(err, ErrRecompute)) {
+			t.Errorf("%d tokens in %d bytes: moved %v (%v), want moved %v", tc.tokens, tc.size, moved, err, tc.move)
+		}
+	}
+}
+
+// TestBandwidth: pushes keep within the bandwidth bound.
+func TestBandwidth(t *testing.T) {
+	b := startPeer(t, "b")
+	m := newMover(t, &fakeRing{owner: map[string]Peer{"k": b.Peer}}, &fakeLocal{}, func(c *Config) { c.Bandwidth = 8 }) // 1 MB a second
+	size := 600_000
+	start := time.Now()
+	if _, err := m.PushFrame(t.Context(), "k", testFrame{size, 1_000_000}, ToOwner); err != nil {
+		t.Fatal(err)
+	}
+	// The first burst goes at once; the rest at 1 MB a second.
+	if took, least := time.Since(start), time.Duration(float64(size-m.limit.Burst())/1e6*float64(time.Second)); took < least {
+		t.Errorf("%d bytes at 8 Mbit/s took %v, at least %v expected", size, took, least)
+	}
+}
+
+// TestPullOnMiss: the first turn of a conversation this node took over at its last ring
+// change pulls its KV from the node that owned it before, once, and the turn goes on
+// whether the pull worked or not; after the pull window nothing is pulled.
+func TestPullOnMiss(t *testing.T) {
+	b := startPeer(t, "b")
+	gone := httptest.NewServer(http.NotFoundHandler())
+	gone.Close() // an old owner that does not answer: the pull fails, the turn runs cold
+	ring := &fakeRing{heirs: []Peer{b.Peer}}
+	local := &fakeLocal{}
+	now := time.Unix(1_800_000_000, 0)
+	m := newMover(t, ring, local, nil)
+	m.now = func() time.Time { return now }
+	turn := func(key string, followUp bool) {
+		m.BeforeServe(t.Context(), infer.Request{SessionID: key, FollowUp: followUp, Prompt: "hi"})
+	}
+	turn("moved", true)
+	if len(local.frames) != 0 {
+		t.Fatalf("pulled before this node joined: %q", local.frames)
+	}
+	ring.joined = now
+	turn("moved", false) // a first turn has nothing to pull
+	for range 2 {
+		turn("moved", true)
+	}
+	ring.heirs = []Peer{{ID: "c", Addr: strings.TrimPrefix(gone.URL, "http://")}}
+	turn("unreachable", true)
+	if !slices.Equal(local.frames, []string{"frame of moved"}) {
+		t.Errorf("imported %q, want only the frame of moved, once", local.frames)
+	}
+	ring.heirs = []Peer{b.Peer}
+	now = now.Add(PullWindow + time.Second)
+	turn("later", true)
+	if len(local.frames) != 1 {
+		t.Errorf("pulled after the pull window: %q", local.frames)
+	}
+}
