@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/infernode/infernode/internal/validate"
+	"github.com/infernode/infernode/node/gray"
 	"github.com/infernode/infernode/node/kvmove"
 	"github.com/infernode/infernode/ring"
 )
@@ -68,22 +69,8 @@ type Config struct {
 	MaxLine int
 	// KV configures the movement of conversations' KV caches between nodes.
 	KV kvmove.Config
-	// GrayFactor and GrayFloor make a peer slow in this node's eyes (a gray failure) when
-	// its probes' round trips, or the gaps between the tokens it sends back, average more
-	// than GrayFactor times the other peers' lower median and GrayFloor more, for
-	// GrayEnter probe rounds more than they do not; it stops being slow after GrayExit
-	// such rounds under half that margin. Defaults 3, 10ms, 4 and 6: a LAN peer answers a
-	// probe in about a millisecond, so 10ms more, three times over, is a peer in trouble
-	// (one held to a quarter of a CPU waits 28ms on average), and it takes 2s of it to
-	// say so.
-	GrayFactor float64
-	GrayFloor  time.Duration
-	GrayEnter  int
-	GrayExit   int
-	// DegradedShare is the share of the conversations it owns that a degraded member
-	// (one most of the cluster finds slow) keeps; the others go to their next owners
-	// until it recovers. Default 0.25.
-	DegradedShare float64
+	// Gray sets how peers that answer, slowly, are found and avoided (see gray).
+	Gray gray.Config
 	// Candidates is how many ring owners a request may try. Default 3.
 	Candidates int
 	// DefaultMaxTokens is the engine's token limit for requests that set none, needed to
@@ -114,13 +101,9 @@ func DefaultConfig() Config {
 		ProgressTimeout: 15 * time.Second,       // far above a token's time or a keep-alive's; a stalled owner costs its clients this
 		MaxLine:         1 << 20,                // one token's text is a few bytes; an error message a few KiB
 		Candidates:      3,                      // the owner and two successors
-		GrayFactor:      3,
-		GrayFloor:       10 * time.Millisecond,
-		GrayEnter:       4,
-		GrayExit:        6,
-		DegradedShare:   0.25,
 		Ring:            ring.DefaultConfig(),
 		KV:              kvmove.DefaultConfig(),
+		Gray:            gray.DefaultConfig(),
 	}
 }
 
@@ -164,13 +147,11 @@ func (c Config) Validate() error {
 	check(c.ProbePeers >= 1, "probe peers must be at least 1, got %d", c.ProbePeers)
 	check(c.DefaultMaxTokens >= 1, "default max tokens must be at least 1, got %d", c.DefaultMaxTokens)
 	check(c.QueueCap >= 0, "queue capacity must not be negative, got %d", c.QueueCap)
-	check(c.GrayFactor > 1, "gray factor must be above 1, got %g", c.GrayFactor)
-	check(c.GrayFloor >= 0, "gray floor must not be negative, got %v", c.GrayFloor)
-	check(c.GrayEnter >= 1 && c.GrayExit >= 1, "gray enter and exit rounds must be at least 1, got %d and %d", c.GrayEnter, c.GrayExit)
-	check(c.DegradedShare >= 0 && c.DegradedShare <= 1, "degraded share must be in [0, 1], got %g", c.DegradedShare)
 	err := c.Ring.Validate()
 	check(err == nil, "ring: %w", err)
 	err = c.KV.Validate()
+	check(err == nil, "%w", err)
+	err = c.Gray.Validate()
 	check(err == nil, "%w", err)
 	return p.Err()
 }

@@ -3,7 +3,7 @@
 // gossip, ready, compatible and healthy by this node's own checks), forwarding a request
 // there over the hop, spilling over to the next owner when one is busy, failing over when
 // one is unreachable, resuming a stream on the next owner when its owner dies mid-answer,
-// finding peers that answer but slowly (gray failures, gray.go), and both ends of the hop
+// finding peers that answer but slowly (gray failures: speed.go, with the gray package), and both ends of the hop
 // protocol: its versioned wire types, signing and verification.
 //
 // Busy is not dead: only transport failures (refused, reset, no answer in time) count

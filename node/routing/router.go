@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/infernode/infernode/gossip"
+	"github.com/infernode/infernode/node/gray"
 	"github.com/infernode/infernode/node/hop"
 	"github.com/infernode/infernode/node/kvmove"
 	"github.com/infernode/infernode/ring"
@@ -66,9 +67,10 @@ type Router struct {
 	refused map[string]bool          // member names refused for claiming a live member's id (logged once)
 	down    map[string]chan struct{} // closed when the peer is declared down (see abandonDown)
 	names   map[string]string        // model id → its ring (see modelRings), for models served by peers
-	// degraded is the cluster's verdict on gray failures (see gray.go).
+	// degraded is the cluster's verdict on gray failures (see speed.go).
 	degraded map[string]bool
-	gray     grayState
+	speedMu  sync.Mutex     // guards speed; taken after mu when both are held
+	speed    *gray.Detector // this node's own verdicts on its peers' speed
 
 	// probeSick and probeNext are where the next round's checks of peers that are not
 	// healthy, and of the others, start (see probeTargets); guarded by mu.
@@ -120,6 +122,7 @@ func New(cfg Config, g Membership, local Engine) (*Router, error) {
 		down:     map[string]chan struct{}{},
 		names:    map[string]string{cfg.Model: ""},
 		degraded: map[string]bool{},
+		speed:    gray.NewDetector(cfg.Gray),
 		ringCh:   make(chan struct{}, 1),
 		started:  clock.Now(),
 		// Each node starts its turns at its own place (see probeTargets).
@@ -574,7 +577,7 @@ func (r *Router) recordCheck(peer string, ok bool, by string) bool {
 type candidate struct {
 	id, addr string
 	full     bool // its gossiped queue is full
-	slow     bool // degraded (see gray.go)
+	slow     bool // degraded (see speed.go)
 	load     int  // its requests running and waiting, as last gossiped
 }
 
@@ -594,7 +597,7 @@ func (r *Router) candidates(model, key string) []candidate {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if len(ids) > 1 && r.degraded[ids[0]] {
-		ids = r.aside(key, ids)
+		ids = gray.Aside(key, ids, r.cfg.Gray.Share)
 	}
 	out := make([]candidate, 0, len(ids))
 	for _, id := range ids {
@@ -727,7 +730,6 @@ func (r *Router) View(points int) View {
 	for _, p := range r.table.Peers() {
 		peers[p.ID] = p
 	}
-	speeds := r.speeds()
 	for id, m := range r.members {
 		p := peers[id]
 		state := string(m.State)
@@ -738,12 +740,13 @@ func (r *Router) View(points int) View {
 			state = "left"
 		}
 		why := r.incompatible(m.Meta)
+		speed := r.speedOf(id)
 		v.Members = append(v.Members, MemberView{
 			ID: id, HTTPAddr: m.Meta.HTTPAddr, GossipAddr: m.Addr, State: state, Healthy: p.Healthy, Ready: m.Meta.Ready,
 			Compatible: why == "", Reason: why, Model: m.Meta.Model, Fingerprint: m.Meta.Fingerprint, Hop: m.Meta.Hop,
 			OnRing: p.OnRing, RingShare: shareOf(r.ringOf(m.Meta), id),
 			Load:       map[string]int{"running": m.Meta.Running, "waiting": m.Meta.Waiting, "free_kv": m.Meta.FreeKV},
-			TokensPerS: m.Meta.Decode, Degraded: r.degraded[id], SlowHere: speeds[id].slow, ProbeMS: ms(speeds[id].probe.v),
+			TokensPerS: m.Meta.Decode, Degraded: r.degraded[id], SlowHere: speed.Slow, ProbeMS: speed.ProbeMS,
 		})
 	}
 	slices.SortFunc(v.Members[1:], func(a, b MemberView) int { return strings.Compare(a.ID, b.ID) })
