@@ -23,6 +23,7 @@ type Happening struct {
 // happenings keeps the last few Happenings and hands new ones to subscribers. A
 // subscriber that falls behind loses what it could not take, never blocking routing.
 type happenings struct {
+	now  func() time.Time
 	mu   sync.Mutex
 	seq  uint64
 	last []Happening // the most recent, oldest first, at most keepHappenings
@@ -31,11 +32,11 @@ type happenings struct {
 
 const keepHappenings = 200
 
-func (h *happenings) add(now time.Time, kind, peer, detail string) {
+func (h *happenings) add(kind, peer, detail string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.seq++
-	e := Happening{Seq: h.seq, Time: now, Kind: kind, Peer: peer, Detail: detail}
+	e := Happening{Seq: h.seq, Time: h.now(), Kind: kind, Peer: peer, Detail: detail}
 	if len(h.last) == keepHappenings {
 		h.last = append(h.last[:0], h.last[1:]...)
 	}
@@ -51,7 +52,7 @@ func (h *happenings) add(now time.Time, kind, peer, detail string) {
 // Happenings returns what happened lately, oldest first, and subscribes to what happens
 // next until stop is called.
 func (r *Router) Happenings() (recent []Happening, next <-chan Happening, stop func()) {
-	h := &r.events
+	h := r.v.events
 	ch := make(chan Happening, 64)
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -65,11 +66,6 @@ func (r *Router) Happenings() (recent []Happening, next <-chan Happening, stop f
 		delete(h.subs, ch)
 	}
 	return append([]Happening(nil), h.last...), ch, stop
-}
-
-// happened records a Happening.
-func (r *Router) happened(kind, peer, detail string) {
-	r.events.add(r.clock.Now(), kind, peer, detail)
 }
 
 // decodeRate is the tokens a second a node generated over the last rateEvery or more.

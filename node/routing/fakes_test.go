@@ -467,11 +467,11 @@ func newCluster(t *testing.T, peerIDs ...string) *cluster {
 	}
 	c.entry = entry
 	entry.Publish()
-	entry.Sync()
+	entry.v.Sync()
 	for range entry.cfg.Ring.UpAfter {
-		entry.ProbeAll(t.Context())
+		entry.v.ProbeAll(t.Context())
 	}
-	if got := entry.table.Ring().Members(); len(got) != len(peerIDs)+1 {
+	if got := entry.v.table.Ring().Members(); len(got) != len(peerIDs)+1 {
 		t.Fatalf("ring = %v, want a and %v", got, peerIDs)
 	}
 	return c
@@ -481,7 +481,7 @@ func newCluster(t *testing.T, peerIDs ...string) *cluster {
 func (c *cluster) keyOwnedBy(ids ...string) string {
 	for i := range 100000 {
 		k := fmt.Sprint("conv-", i)
-		cands := c.entry.candidates("", k)
+		cands := c.entry.v.candidates("", k)
 		ok := len(cands) >= len(ids)
 		for j := 0; ok && j < len(ids); j++ {
 			ok = cands[j].id == ids[j]
@@ -495,7 +495,9 @@ func (c *cluster) keyOwnedBy(ids ...string) string {
 }
 
 // onRing reports whether id is on the entry's ring.
-func (c *cluster) onRing(id string) bool { return slices.Contains(c.entry.table.Ring().Members(), id) }
+func (c *cluster) onRing(id string) bool {
+	return slices.Contains(c.entry.v.table.Ring().Members(), id)
+}
 
 // collect reads a stream to its end.
 func collect(st infer.Stream) (string, infer.Result) {

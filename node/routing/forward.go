@@ -60,7 +60,7 @@ func (r *Router) Submit(ctx context.Context, req infer.Request) (infer.Stream, e
 // fails with ErrNoModel when no live peer serves model, and with a busy *hop.Error (503) when
 // none of those that do could take the request.
 func (r *Router) SubmitModel(ctx context.Context, model string, req infer.Request) (infer.Stream, error) {
-	t, ok := r.target(model)
+	t, ok := r.v.target(model)
 	if !ok {
 		return nil, fmt.Errorf("%w: %q", ErrNoModel, model)
 	}
@@ -72,14 +72,6 @@ type target struct{ name, ring string }
 
 func (t target) local() bool { return t.ring == "" }
 
-// target finds the ring of the model clients call name.
-func (r *Router) target(name string) (target, bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	key, ok := r.names[name]
-	return target{name: name, ring: key}, ok
-}
-
 // Handoff serves req on one of its owners other than this node: a draining node's way to
 // pass on what still reaches it. It serves locally only when no other owner could.
 func (r *Router) Handoff(ctx context.Context, req infer.Request) (infer.Stream, error) {
@@ -88,7 +80,7 @@ func (r *Router) Handoff(ctx context.Context, req infer.Request) (infer.Stream, 
 
 // submit tries the owners of req on t's ring that are not in tried.
 func (r *Router) submit(ctx context.Context, t target, req infer.Request, tried []string, prefer string) (infer.Stream, error) {
-	cands := r.candidates(t.ring, req.SessionID)
+	cands := r.v.candidates(t.ring, req.SessionID)
 	if i := slices.IndexFunc(cands, func(c candidate) bool { return c.id == prefer && !c.full }); i > 0 {
 		c := cands[i]
 		cands = slices.Insert(slices.Delete(cands, i, i+1), 0, c)
@@ -118,7 +110,7 @@ func (r *Router) submit(ctx context.Context, t target, req infer.Request, tried 
 		st, err := r.forward(ctx, c, t.name, req)
 		if err == nil {
 			r.forwards.WithLabelValues("ok").Inc()
-			r.observe(c.id, true, "forward")
+			r.v.observe(c.id, true, "forward")
 			return &routed{r: r, ctx: ctx, t: t, req: req, cur: st, tried: append(tried, c.id)}, nil
 		}
 		if ctx.Err() != nil {
@@ -137,7 +129,7 @@ func (r *Router) submit(ctx context.Context, t target, req infer.Request, tried 
 		default:
 			r.forwards.WithLabelValues("failed").Inc()
 			r.log.Warn("forward failed, trying the next owner", "peer", c.id, "err", err)
-			r.observe(c.id, false, "forward")
+			r.v.observe(c.id, false, "forward")
 		}
 	}
 	switch {
@@ -188,7 +180,7 @@ func (r *Router) forward(ctx context.Context, c candidate, model string, req inf
 		return nil, err
 	}
 	fctx, cancel := context.WithCancelCause(ctx)
-	down := r.downSignal(c.id)
+	down := r.v.downSignal(c.id)
 	go func() {
 		select {
 		case <-down:
@@ -371,7 +363,7 @@ func (s *routed) Recv() (string, error) {
 			if p, ok := s.cur.(*peerStream); ok {
 				now := s.r.clock.Now()
 				if !s.last.IsZero() && p == s.lastLeg {
-					s.r.observeGap(p.peer, now.Sub(s.last))
+					s.r.v.speed.gap(p.peer, now.Sub(s.last))
 				}
 				s.last, s.lastLeg = now, p
 			}
@@ -406,7 +398,7 @@ func (s *routed) Recv() (string, error) {
 func (s *routed) resumeElsewhere(cause error) error {
 	peer := s.tried[len(s.tried)-1]
 	s.hops = s.Hops()
-	s.r.observe(peer, false, "stream")
+	s.r.v.observe(peer, false, "stream")
 	s.base += s.cur.Tokens()
 	limit := s.req.MaxTokens
 	if limit == 0 {
@@ -435,7 +427,7 @@ func (s *routed) resumeElsewhere(cause error) error {
 		return nil
 	}
 	s.r.resumes.Inc()
-	s.r.happened("resume", peer, fmt.Sprintf("%d tokens in", s.base))
+	s.r.v.events.add("resume", peer, fmt.Sprintf("%d tokens in", s.base))
 	s.resume++
 	s.r.log.Warn("owner died mid-stream, resuming on the next owner", "peer", peer, "session", s.req.SessionID,
 		"tokens_so_far", s.base, "err", cause)
@@ -443,7 +435,7 @@ func (s *routed) resumeElsewhere(cause error) error {
 	// the last turn's answer, so only the text since then is prefilled again.
 	var heir string
 	if s.t.local() {
-		if h := s.r.heirs(s.req.SessionID, 1, s.tried...); len(h) > 0 {
+		if h := s.r.v.heirs(s.req.SessionID, 1, s.tried...); len(h) > 0 {
 			heir = h[0].id
 		}
 	}

@@ -10,12 +10,12 @@ import (
 // probeRound records one probe round of the given round trips and judges the peers.
 func (c *cluster) probeRound(rtts map[string]time.Duration) {
 	for id, d := range rtts {
-		c.entry.observeProbe(id, d)
+		c.entry.v.speed.probe(id, d)
 	}
-	if c.entry.judgeSpeeds(c.IDs()) {
-		c.entry.mu.Lock()
-		c.entry.updateDegraded()
-		c.entry.mu.Unlock()
+	if c.entry.v.speed.judge(c.IDs()) {
+		c.entry.v.mu.Lock()
+		c.entry.v.updateDegraded()
+		c.entry.v.mu.Unlock()
 	}
 }
 
@@ -44,16 +44,16 @@ func TestGrayFailure(t *testing.T) {
 	// A slow peer: its average passes the margin after a round or two, then it takes
 	// GrayEnter rounds in a row.
 	rounds := 0
-	for len(a.slowPeers()) == 0 && rounds < 20 {
+	for len(a.v.speed.slow()) == 0 && rounds < 20 {
 		c.probeRound(map[string]time.Duration{"b": fast, "c": fast, "d": slow})
 		rounds++
 	}
-	if got := a.slowPeers(); !slices.Equal(got, []string{"d"}) || rounds < a.cfg.Gray.Enter || rounds > a.cfg.Gray.Enter+2 {
+	if got := a.v.speed.slow(); !slices.Equal(got, []string{"d"}) || rounds < a.cfg.Gray.Enter || rounds > a.cfg.Gray.Enter+2 {
 		t.Fatalf("after %d slow rounds this node finds %v slow, want [d] after %d to %d", rounds, got, a.cfg.Gray.Enter, a.cfg.Gray.Enter+2)
 	}
 	t.Logf("slow after %d rounds", rounds)
 	// One vote of four observers is not the cluster's verdict; a second makes a majority.
-	if a.degraded["d"] {
+	if a.v.degraded["d"] {
 		t.Fatal("d degraded on this node's word alone")
 	}
 	ms := c.members.Members()
@@ -63,8 +63,8 @@ func TestGrayFailure(t *testing.T) {
 		}
 	}
 	c.members.set(ms...)
-	a.Sync()
-	if !a.degraded["d"] || !a.View(0).Members[slices.IndexFunc(a.View(0).Members, func(m MemberView) bool { return m.ID == "d" })].Degraded {
+	a.v.Sync()
+	if !a.v.degraded["d"] || !a.View(0).Members[slices.IndexFunc(a.View(0).Members, func(m MemberView) bool { return m.ID == "d" })].Degraded {
 		t.Fatal("d not degraded with two of three observers finding it slow")
 	}
 	if !c.onRing("d") {
@@ -82,13 +82,13 @@ func TestGrayFailure(t *testing.T) {
 	took := map[string]int{}
 	for i := range 20000 {
 		key := fmt.Sprint("conv-", i)
-		owners, _ := a.table.Ring().Owners(key, 1)
+		owners, _ := a.v.table.Ring().Owners(key, 1)
 		if owners[0] != "d" {
 			continue
 		}
 		owned++
-		cands := a.candidates("", key)
-		all, _ := a.table.Ring().Owners(key, a.cfg.Candidates)
+		cands := a.v.candidates("", key)
+		all, _ := a.v.table.Ring().Owners(key, a.cfg.Candidates)
 		var ids []string
 		for _, c := range cands {
 			ids = append(ids, c.id)
@@ -115,19 +115,19 @@ func TestGrayFailure(t *testing.T) {
 
 	// Recovered: back after GrayExit rounds under the margin (the average decays first).
 	rounds = 0
-	for a.degraded["d"] && rounds < 30 {
+	for a.v.degraded["d"] && rounds < 30 {
 		c.probeRound(map[string]time.Duration{"b": fast, "c": fast, "d": fast})
 		rounds++
-		if !slices.Contains(a.slowPeers(), "d") {
+		if !slices.Contains(a.v.speed.slow(), "d") {
 			for i := range ms {
 				ms[i].Meta.Slow = nil
 			}
 			c.members.set(ms...)
-			a.Sync()
+			a.v.Sync()
 		}
 	}
-	if a.degraded["d"] || rounds < a.cfg.Gray.Exit {
-		t.Fatalf("restored after %d good rounds (degraded %v), want at least %d", rounds, a.degraded["d"], a.cfg.Gray.Exit)
+	if a.v.degraded["d"] || rounds < a.cfg.Gray.Exit {
+		t.Fatalf("restored after %d good rounds (degraded %v), want at least %d", rounds, a.v.degraded["d"], a.cfg.Gray.Exit)
 	}
 	t.Logf("restored after %d rounds", rounds)
 }

@@ -2,8 +2,6 @@ package routing
 
 import (
 	"context"
-	"slices"
-	"strings"
 	"time"
 
 	"github.com/infernode/infernode/node/kvmove"
@@ -41,7 +39,7 @@ func (r *Router) ServeLocal(ctx context.Context, req infer.Request) (infer.Strea
 type kvRing struct{ r *Router }
 
 func (k kvRing) Owner(key string) (kvmove.Peer, bool) {
-	c := k.r.candidates("", key)
+	c := k.r.v.candidates("", key)
 	if len(c) == 0 || c[0].id == k.r.cfg.Self {
 		return kvmove.Peer{}, false
 	}
@@ -50,69 +48,25 @@ func (k kvRing) Owner(key string) (kvmove.Peer, bool) {
 
 func (k kvRing) Heirs(key string, n int) []kvmove.Peer {
 	var out []kvmove.Peer
-	for _, c := range k.r.heirs(key, n) {
+	for _, c := range k.r.v.heirs(key, n) {
 		out = append(out, kvmove.Peer{ID: c.id, Addr: c.addr})
 	}
 	return out
 }
 
 func (k kvRing) Prefill(peer string) float64 {
-	k.r.mu.Lock()
-	defer k.r.mu.Unlock()
-	return float64(k.r.members[peer].Meta.Prefill)
+	k.r.v.mu.Lock()
+	defer k.r.v.mu.Unlock()
+	return float64(k.r.v.members[peer].Meta.Prefill)
 }
 
 func (k kvRing) Joined() time.Time {
-	k.r.mu.Lock()
-	defer k.r.mu.Unlock()
-	return k.r.joined
+	k.r.v.mu.Lock()
+	defer k.r.v.mu.Unlock()
+	return k.r.v.joined
 }
 
-func (k kvRing) Happened(kind, peer, detail string) { k.r.happened(kind, peer, detail) }
-
-// heirs are up to n members that would own key in turn once the nodes gone (by default
-// this one) have left or failed: the owner on this node's ring without them, then the
-// owner without that one too, and so on. (Not simply the next ones of Owners: the ring
-// reassigns a leaving member's partitions by load, not by successor.)
-func (r *Router) heirs(key string, n int, gone ...string) []candidate {
-	if len(gone) == 0 {
-		gone = []string{r.cfg.Self}
-	}
-	base := r.table.Ring()
-	gone = slices.Clone(gone)
-	var ids []string
-	for len(ids) < n {
-		id, ok := r.ringWithout(base, gone).Owner(key)
-		if !ok {
-			break
-		}
-		ids, gone = append(ids, id), append(gone, id)
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	out := make([]candidate, len(ids))
-	for i, id := range ids {
-		out[i] = candidate{id: id, addr: r.members[id].Meta.HTTPAddr}
-	}
-	return out
-}
-
-// ringWithout is base without the members gone, cached with the other heirs' rings (one
-// Apply at 1,000 peers costs milliseconds: see docs/SCALE.md).
-func (r *Router) ringWithout(base *ring.Ring, gone []string) *ring.Ring {
-	k := heirKey{base, strings.Join(gone, "\x00")}
-	r.heirMu.Lock()
-	defer r.heirMu.Unlock()
-	rg := r.heirRings[k]
-	if rg == nil {
-		if len(r.heirRings) >= 4*kvmove.MaxReplicas || r.heirRings == nil {
-			r.heirRings = map[heirKey]*ring.Ring{} // most are of rings that have changed since
-		}
-		rg = base.Apply(nil, gone)
-		r.heirRings[k] = rg
-	}
-	return rg
-}
+func (k kvRing) Happened(kind, peer, detail string) { k.r.v.events.add(kind, peer, detail) }
 
 type heirKey struct {
 	base *ring.Ring

@@ -15,7 +15,7 @@ func TestReplicaHeirs(t *testing.T) {
 	c := newCluster(t, "b", "c", "d")
 	for i := range 20 {
 		key := fmt.Sprint("conv-", i)
-		heirs := c.entry.heirs(key, 2)
+		heirs := c.entry.v.heirs(key, 2)
 		if len(heirs) != 2 || heirs[0].id == heirs[1].id || heirs[0].id == "a" || heirs[1].id == "a" {
 			t.Fatalf("heirs of %q = %v, want two distinct peers", key, heirs)
 		}

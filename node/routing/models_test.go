@@ -19,14 +19,14 @@ func (c *cluster) otherModel(ids ...string) {
 		}
 	}
 	c.members.set(ms...)
-	c.entry.Sync()
+	c.entry.v.Sync()
 }
 
 // keyOn finds a conversation key whose first owner on ring is id.
 func (c *cluster) keyOn(ring, id string) string {
 	for i := range 100000 {
 		k := fmt.Sprint("conv-", i)
-		if cands := c.entry.candidates(ring, k); len(cands) > 0 && cands[0].id == id {
+		if cands := c.entry.v.candidates(ring, k); len(cands) > 0 && cands[0].id == id {
 			return k
 		}
 	}
@@ -38,10 +38,10 @@ func TestOtherModels(t *testing.T) {
 	c := newCluster(t, "b", "c", "d")
 	c.otherModel("b", "c")
 
-	if got := c.entry.table.Ring().Members(); !slices.Equal(got, []string{"a", "d"}) {
+	if got := c.entry.v.table.Ring().Members(); !slices.Equal(got, []string{"a", "d"}) {
 		t.Fatalf("own ring = %v, want [a d]", got)
 	}
-	if got := c.entry.table.RingOf("fp2").Members(); !slices.Equal(got, []string{"b", "c"}) {
+	if got := c.entry.v.table.RingOf("fp2").Members(); !slices.Equal(got, []string{"b", "c"}) {
 		t.Fatalf("ring of m2 = %v, want [b c]", got)
 	}
 	want := []ModelInfo{{ID: "m", Nodes: 2, Ready: 2, Local: true}, {ID: "m2", Nodes: 2, Ready: 2}}
@@ -92,11 +92,11 @@ func TestOtherModels(t *testing.T) {
 	// And when none is on the ring, the same, without trying anyone.
 	for _, id := range []string{"b", "c"} {
 		for range c.entry.cfg.Ring.DownAfter {
-			c.entry.observe(id, false, "test")
+			c.entry.v.observe(id, false, "test")
 		}
 	}
-	if c.entry.table.RingOf("fp2").Len() != 0 {
-		t.Fatalf("ring of m2 = %v after its nodes failed, want empty", c.entry.table.RingOf("fp2").Members())
+	if c.entry.v.table.RingOf("fp2").Len() != 0 {
+		t.Fatalf("ring of m2 = %v after its nodes failed, want empty", c.entry.v.table.RingOf("fp2").Members())
 	}
 	if _, err := c.entry.SubmitModel(t.Context(), "m2", greedy(key, "x", 4)); !errors.As(err, &remote) || remote.Code != "model_unavailable" {
 		t.Fatalf("no node of m2 healthy: err = %v, want model_unavailable", err)

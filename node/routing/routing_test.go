@@ -125,7 +125,7 @@ func TestRouting(t *testing.T) {
 			}
 			for id, up := range tc.health {
 				if c.onRing(id) != up {
-					t.Errorf("%s on the ring = %v, want %v (ring %v)", id, !up, up, c.entry.table.Ring().Members())
+					t.Errorf("%s on the ring = %v, want %v (ring %v)", id, !up, up, c.entry.v.table.Ring().Members())
 				}
 			}
 		})
@@ -138,7 +138,7 @@ func TestRouting(t *testing.T) {
 func TestSpillLeastLoaded(t *testing.T) {
 	c := newCluster(t, "b", "c", "d")
 	key := c.keyOwnedBy("b")
-	cands := c.entry.candidates("", key)
+	cands := c.entry.v.candidates("", key)
 	second, third := cands[1].id, cands[2].id
 	members := []gossip.Member{member("b"), member("c"), member("d")}
 	for i := range members {
@@ -150,7 +150,7 @@ func TestSpillLeastLoaded(t *testing.T) {
 		c.local.set(script{running: 13})
 	}
 	c.members.set(members...)
-	c.entry.Sync()
+	c.entry.v.Sync()
 	c.peers["b"].engine.set(script{busy: true})
 	st, err := c.entry.Submit(t.Context(), greedy(key, "hello", 4))
 	if err != nil {
@@ -305,7 +305,7 @@ func TestLeavingPeer(t *testing.T) {
 	leaving := member("b")
 	leaving.Meta.Leaving = true
 	c.members.set(leaving, member("c"))
-	c.entry.Sync()
+	c.entry.v.Sync()
 	if c.onRing("b") {
 		t.Fatal("a leaving peer is still on the ring")
 	}
@@ -338,7 +338,7 @@ func TestDeadPeerCancelsForwards(t *testing.T) {
 	dead := member("b")
 	dead.State = gossip.Dead
 	c.members.set(dead, member("c"))
-	c.entry.Sync()
+	c.entry.v.Sync()
 	rest, res := collect(st)
 	if res.Err != nil || first+rest != uninterrupted(10) {
 		t.Errorf("answer %q err %v", first+rest, res.Err)
@@ -362,14 +362,14 @@ func TestEligibility(t *testing.T) {
 	impostor := member("b") // an earlier-looking incarnation, seen later
 	impostor.Name, impostor.Meta.HTTPAddr = "b#0", "evil:80"
 	c.members.set(member("b"), impostor, newer, other, invalid)
-	c.entry.Sync()
+	c.entry.v.Sync()
 	for range 3 {
-		c.entry.ProbeAll(t.Context())
+		c.entry.v.ProbeAll(t.Context())
 	}
-	if got := c.entry.table.Ring().Members(); strings.Join(got, ",") != "a,b" {
+	if got := c.entry.v.table.Ring().Members(); strings.Join(got, ",") != "a,b" {
 		t.Errorf("ring = %v, want [a b]", got)
 	}
-	if m := c.entry.members["b"]; m.Name != "b#1" {
+	if m := c.entry.v.members["b"]; m.Name != "b#1" {
 		t.Errorf("id b held by %q, want b#1, seen first", m.Name)
 	}
 	reasons := map[string]string{}
@@ -386,8 +386,8 @@ func TestEligibility(t *testing.T) {
 	old, restarted := member("b"), member("b")
 	old.State, restarted.Name = gossip.Dead, "b#2"
 	c.members.set(old, restarted)
-	c.entry.Sync()
-	if m := c.entry.members["b"]; m.Name != "b#2" {
+	c.entry.v.Sync()
+	if m := c.entry.v.members["b"]; m.Name != "b#2" {
 		t.Errorf("after b#1 died, id b held by %q, want b#2", m.Name)
 	}
 }
@@ -434,20 +434,20 @@ func TestJoiningNodeSettles(t *testing.T) {
 		t.Fatal(err)
 	}
 	members.set(member("b"))
-	r.Sync()
+	r.v.Sync()
 	if ok, why := r.Ready(); ok {
 		t.Fatal("ready before its first checks of b")
 	} else {
 		t.Logf("not ready: %s", why)
 	}
 	for range r.cfg.Ring.UpAfter {
-		r.ProbeAll(t.Context())
+		r.v.ProbeAll(t.Context())
 	}
 	if ok, why := r.Ready(); !ok {
-		t.Fatalf("b on the ring %v, still not ready: %s", r.table.Ring().Members(), why)
+		t.Fatalf("b on the ring %v, still not ready: %s", r.v.table.Ring().Members(), why)
 	}
 	members.set(member("b"), member("c"))
-	r.Sync()
+	r.v.Sync()
 	if ok, why := r.Ready(); !ok {
 		t.Fatalf("unready again when c appeared: %s", why)
 	}
@@ -485,7 +485,7 @@ func newBig(tb testing.TB, n int) *big {
 		tb.Fatal(err)
 	}
 	c.r = r
-	r.Sync()
+	r.v.Sync()
 	return c
 }
 
@@ -503,7 +503,7 @@ func TestProbeBudget(t *testing.T) {
 		clear(hits)
 		mu.Unlock()
 		r.Publish()
-		r.ProbeAll(t.Context())
+		r.v.ProbeAll(t.Context())
 		mu.Lock()
 		defer mu.Unlock()
 		if total := len(hits); total > budget {
@@ -513,14 +513,14 @@ func TestProbeBudget(t *testing.T) {
 	}
 	// A join storm: all 1,000 are new to this node.
 	rounds, limit := 0, r.cfg.Ring.UpAfter*n/budget+5
-	for r.table.Ring().Len() < n+1 {
+	for r.v.table.Ring().Len() < n+1 {
 		if rounds++; rounds > limit {
-			t.Fatalf("after %d rounds %d of %d peers are on the ring", rounds, r.table.Ring().Len(), n+1)
+			t.Fatalf("after %d rounds %d of %d peers are on the ring", rounds, r.v.table.Ring().Len(), n+1)
 		}
 		round()
 	}
 	t.Logf("a join storm of %d peers: all on the ring after %d rounds of at most %d checks", n, rounds, budget)
-	neighbours := r.table.Ring().Neighbours("a", r.cfg.Candidates-1)
+	neighbours := r.v.table.Ring().Neighbours("a", r.cfg.Candidates-1)
 	if len(neighbours) != 2*(r.cfg.Candidates-1) {
 		t.Fatalf("neighbours %v", neighbours)
 	}
@@ -545,7 +545,7 @@ func TestProbeBudget(t *testing.T) {
 	for range r.cfg.Ring.DownAfter {
 		round()
 	}
-	if r.table.Ring().Has(neighbours[0]) {
+	if r.v.table.Ring().Has(neighbours[0]) {
 		t.Errorf("neighbour %s failed %d checks and is still on the ring", neighbours[0], r.cfg.Ring.DownAfter)
 	}
 }
@@ -558,9 +558,9 @@ func TestProbeBudget(t *testing.T) {
 func BenchmarkClusterOf1000(b *testing.B) {
 	const n = 1000
 	c := newBig(b, n)
-	for c.r.table.Ring().Len() < n+1 {
+	for c.r.v.table.Ring().Len() < n+1 {
 		c.r.Publish()
-		c.r.ProbeAll(b.Context())
+		c.r.v.ProbeAll(b.Context())
 	}
 	ms := c.members.Members()
 	b.Run("sync", func(b *testing.B) {
@@ -568,7 +568,7 @@ func BenchmarkClusterOf1000(b *testing.B) {
 		for b.Loop() {
 			ms[i%n].Meta.Ready = !ms[i%n].Meta.Ready
 			c.members.set(ms...)
-			c.r.Sync()
+			c.r.v.Sync()
 			i++
 		}
 	})
