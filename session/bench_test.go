@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/infernode/infernode/internal/measure"
+	"github.com/infernode/infernode/session/infer"
 )
 
 // benchEngine runs an engine on INFERNODE_BENCH_MODEL (make bench sets it to the
@@ -76,8 +77,8 @@ func BenchmarkFollowUpTTFT(b *testing.B) {
 	history := strings.Repeat("the quiet river runs past the old stone bridge and the green garden ", 70)
 	turn1 := "<|im_start|>user\n" + history + "<|im_end|>\n<|im_start|>assistant\n"
 	turn2 := turn1 + "the sea<|im_end|>\n<|im_start|>user\nand then<|im_end|>\n<|im_start|>assistant\n"
-	ttft := func(session, prompt string) (time.Duration, Result) {
-		s, err := e.Submit(context.Background(), Request{SessionID: session, Prompt: prompt, MaxTokens: 1, Sampling: Greedy()})
+	ttft := func(session, prompt string) (time.Duration, infer.Result) {
+		s, err := e.Submit(context.Background(), infer.Request{SessionID: session, Prompt: prompt, MaxTokens: 1, Sampling: infer.Greedy()})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -123,7 +124,7 @@ func BenchmarkImportStall(b *testing.B) {
 		started.Add(streams)
 		for i := range streams {
 			wg.Go(func() {
-				s, err := e.Submit(context.Background(), Request{Prompt: fmt.Sprintf("story %d of the river", i), MaxTokens: gen, Sampling: Greedy()})
+				s, err := e.Submit(context.Background(), infer.Request{Prompt: fmt.Sprintf("story %d of the river", i), MaxTokens: gen, Sampling: infer.Greedy()})
 				if err != nil {
 					b.Error(err)
 					started.Done()
@@ -175,7 +176,7 @@ func BenchmarkImportStall(b *testing.B) {
 		frames := make([][]byte, imports)
 		for i := range frames {
 			key := fmt.Sprintf("moved-%d-%d", round, i)
-			s, err := src.Submit(context.Background(), Request{SessionID: key, Prompt: fmt.Sprint(i, " ", history), MaxTokens: 1, Sampling: Greedy()})
+			s, err := src.Submit(context.Background(), infer.Request{SessionID: key, Prompt: fmt.Sprint(i, " ", history), MaxTokens: 1, Sampling: infer.Greedy()})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -249,7 +250,7 @@ func BenchmarkQuant(b *testing.B) {
 				tokens, seconds := decodeSteady(b, e, 8, 64, strings.Repeat(" and the children", 300))
 				b.ReportMetric(tokens/seconds, "tok/s-8-full")
 				start := time.Now()
-				s, err := e.Submit(context.Background(), Request{Prompt: long, MaxTokens: 1, Sampling: Sampling{TopP: 1}})
+				s, err := e.Submit(context.Background(), infer.Request{Prompt: long, MaxTokens: 1, Sampling: infer.Sampling{TopP: 1}})
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -277,9 +278,9 @@ func decodeSteady(b *testing.B, e *Engine, n, gen int, history string) (tokens, 
 		if history != "" {
 			session = fmt.Sprint("steady-", i)
 		}
-		s, err := e.Submit(context.Background(), Request{
+		s, err := e.Submit(context.Background(), infer.Request{
 			SessionID: session, Prompt: fmt.Sprintf("story %d of the river", i) + prompt,
-			MaxTokens: gen, Sampling: Sampling{Temperature: 0.8, TopP: 1, Seed: int64(i)}})
+			MaxTokens: gen, Sampling: infer.Sampling{Temperature: 0.8, TopP: 1, Seed: int64(i)}})
 		if err != nil {
 			b.Error(err)
 			return
@@ -334,7 +335,7 @@ func BenchmarkShortBehindLong(b *testing.B) {
 	var short, longTTFT []time.Duration
 	for i := 0; b.Loop(); i++ {
 		submit := func(prompt string) *Stream {
-			s, err := e.Submit(context.Background(), Request{Prompt: prompt, MaxTokens: 2, Sampling: Sampling{TopP: 1}})
+			s, err := e.Submit(context.Background(), infer.Request{Prompt: prompt, MaxTokens: 2, Sampling: infer.Sampling{TopP: 1}})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -373,7 +374,7 @@ func BenchmarkSharedPrefix(b *testing.B) {
 	e := benchEngine(b, nil)
 	ask := func(system, conv, question string) time.Duration {
 		prompt := "<|im_start|>system\n" + system + "<|im_end|>\n<|im_start|>user\n" + question + "<|im_end|>\n<|im_start|>assistant\n"
-		s, err := e.Submit(context.Background(), Request{SessionID: conv, Prompt: prompt, MaxTokens: 1, Sampling: Greedy()})
+		s, err := e.Submit(context.Background(), infer.Request{SessionID: conv, Prompt: prompt, MaxTokens: 1, Sampling: infer.Greedy()})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -402,7 +403,7 @@ func BenchmarkSharedPrefixBurst(b *testing.B) {
 		var streams []*Stream
 		for k := range 8 {
 			prompt := "<|im_start|>system\n" + system(k) + "<|im_end|>\n<|im_start|>user\nquestion " + strconv.Itoa(k) + "<|im_end|>\n<|im_start|>assistant\n"
-			s, err := e.Submit(context.Background(), Request{SessionID: fmt.Sprint(i, "-", k), Prompt: prompt, MaxTokens: 1, Sampling: Greedy()})
+			s, err := e.Submit(context.Background(), infer.Request{SessionID: fmt.Sprint(i, "-", k), Prompt: prompt, MaxTokens: 1, Sampling: infer.Greedy()})
 			if err != nil {
 				b.Fatal(err)
 			}

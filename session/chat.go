@@ -10,6 +10,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 
+	"github.com/infernode/infernode/session/infer"
 	"github.com/infernode/infernode/session/llama"
 )
 
@@ -28,11 +29,11 @@ const contentMark = "\uFDD0"
 // ChatPrompt formats a conversation with the model's chat template (or
 // DefaultChatTemplate) and opens the assistant's turn. Message contents are marked as
 // data (see contentMark).
-func (e *Engine) ChatPrompt(msgs []Message) (string, error) {
+func (e *Engine) ChatPrompt(msgs []infer.Message) (string, error) {
 	lmsgs := make([]llama.Message, len(msgs))
 	for i, m := range msgs {
 		if strings.Contains(m.Content, contentMark) || strings.ContainsRune(m.Content, 0) {
-			return "", &InvalidError{Param: fmt.Sprintf("messages[%d].content", i), Reason: "must not contain NUL or U+FDD0"}
+			return "", &infer.InvalidError{Param: fmt.Sprintf("messages[%d].content", i), Reason: "must not contain NUL or U+FDD0"}
 		}
 		lmsgs[i] = llama.Message{Role: m.Role, Content: contentMark + m.Content + contentMark}
 	}

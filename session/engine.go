@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/infernode/infernode/session/infer"
 	"github.com/infernode/infernode/session/llama"
 )
 
@@ -43,7 +44,7 @@ type Engine struct {
 	tick    uint64 // step counter, the LRU clock
 	stalled int    // running requests the last step left waiting for cells to grow into
 
-	stats     atomic.Pointer[Stats]
+	stats     atomic.Pointer[infer.Stats]
 	ready     atomic.Bool
 	closeOnce sync.Once
 }
@@ -62,7 +63,7 @@ type slot struct {
 // job is an accepted request as the engine tracks it.
 type job struct {
 	ctx       context.Context
-	req       Request
+	req       infer.Request
 	prompt    []int32
 	maxTokens int
 	stream    *Stream
@@ -83,7 +84,7 @@ type job struct {
 	claim    int          // KV cells it holds in a unified pool's accounting (see room)
 	first    time.Time
 	gen      int
-	logprobs []TokenLogprob // when the request asked for them
+	logprobs []infer.TokenLogprob // when the request asked for them
 }
 
 // New loads the model and creates the context. It starts nothing: Run does the work.
@@ -134,7 +135,7 @@ func New(cfg Config) (*Engine, error) {
 	for i := range cfg.Sequences {
 		e.slots = append(e.slots, &slot{seq: i})
 	}
-	e.publishStats(&Stats{})
+	e.publishStats(&infer.Stats{})
 	log.Info("engine created", "model", cfg.ModelPath, "desc", model.Description(),
 		"cells", lctx.Cells(), "seq_cells", e.seqCells, "sequences", cfg.Sequences,
 		"batch", cfg.BatchSize, "threads", cfg.Threads, "unified_kv", cfg.UnifiedKV, "seed", seed)
@@ -183,7 +184,7 @@ func (e *Engine) MaxPromptTokens() int {
 func (e *Engine) Ready() bool { return e.ready.Load() }
 
 // Stats returns the latest snapshot.
-func (e *Engine) Stats() Stats {
+func (e *Engine) Stats() infer.Stats {
 	s := *e.stats.Load()
 	e.mu.Lock()
 	s.Waiting = len(e.waiting)
@@ -206,7 +207,7 @@ func (e *Engine) Close() {
 // this request: ErrInvalid (and ErrPromptTooLong) for bad input, ErrOverloaded when the
 // queue is full, ErrClosed when the engine is not running. Otherwise the request's outcome
 // arrives on the Stream, which always ends. Canceling ctx cancels the request.
-func (e *Engine) Submit(ctx context.Context, req Request) (*Stream, error) {
+func (e *Engine) Submit(ctx context.Context, req infer.Request) (*Stream, error) {
 	if err := req.Validate(); err != nil {
 		return nil, err
 	}
@@ -218,10 +219,10 @@ func (e *Engine) Submit(ctx context.Context, req Request) (*Stream, error) {
 	}
 	prompt, err := e.tokenize(req.Prompt)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+		return nil, fmt.Errorf("%w: %w", infer.ErrInvalid, err)
 	}
 	if limit := e.MaxPromptTokens(); len(prompt) > limit {
-		return nil, &PromptTooLongError{Tokens: len(prompt), Limit: limit}
+		return nil, &infer.PromptTooLongError{Tokens: len(prompt), Limit: limit}
 	}
 	maxTokens := req.MaxTokens
 	if maxTokens == 0 {
@@ -234,7 +235,7 @@ func (e *Engine) Submit(ctx context.Context, req Request) (*Stream, error) {
 	switch {
 	case !e.running:
 		e.mu.Unlock()
-		return nil, ErrClosed
+		return nil, infer.ErrClosed
 	case len(e.waiting) >= e.cfg.MaxQueue:
 		e.mu.Unlock()
 		return nil, e.refuse()
@@ -265,7 +266,7 @@ func (e *Engine) Run(ctx context.Context) error {
 	e.log.Info("engine ready")
 	defer e.shutdown()
 
-	stats := &Stats{}
+	stats := &infer.Stats{}
 	for {
 		if ctx.Err() != nil {
 			return nil
@@ -320,10 +321,10 @@ func (e *Engine) shutdown() {
 	e.waiting = nil
 	e.mu.Unlock()
 	for _, j := range waiting {
-		e.finish(j, "", ErrClosed)
+		e.finish(j, "", infer.ErrClosed)
 	}
 	for _, j := range slices.Clone(e.jobs) {
-		e.finish(j, "", ErrClosed)
+		e.finish(j, "", infer.ErrClosed)
 	}
 	e.log.Info("engine stopped")
 }
@@ -340,11 +341,11 @@ func (e *Engine) nextDeadline() <-chan time.Time {
 
 // expire ends running and waiting requests whose context is done, and waiting ones past
 // the queue timeout.
-func (e *Engine) expire(stats *Stats) {
+func (e *Engine) expire(stats *infer.Stats) {
 	for _, j := range slices.Clone(e.jobs) {
 		if err := j.ctx.Err(); err != nil {
 			stats.Canceled++
-			e.finish(j, "", fmt.Errorf("%w: %w", ErrCanceled, err))
+			e.finish(j, "", fmt.Errorf("%w: %w", infer.ErrCanceled, err))
 		}
 	}
 	now := time.Now()
@@ -365,7 +366,7 @@ func (e *Engine) expire(stats *Stats) {
 	e.mu.Unlock()
 	for _, j := range canceled {
 		stats.Canceled++
-		e.finish(j, "", fmt.Errorf("%w: %w", ErrCanceled, j.ctx.Err()))
+		e.finish(j, "", fmt.Errorf("%w: %w", infer.ErrCanceled, j.ctx.Err()))
 	}
 	for _, j := range timedOut {
 		stats.Refused++
@@ -395,5 +396,5 @@ func (e *Engine) overloaded(reason string) error {
 			wait = span / time.Duration(n-1) * time.Duration(len(e.waiting)+1)
 		}
 	}
-	return &OverloadedError{Reason: reason, RetryAfter: min(max(wait, time.Second), e.cfg.QueueTimeout)}
+	return &infer.OverloadedError{Reason: reason, RetryAfter: min(max(wait, time.Second), e.cfg.QueueTimeout)}
 }

@@ -21,7 +21,7 @@ func (h *Handle) Set(e *Engine) { h.e.Store(e) }
 func (h *Handle) Submit(ctx context.Context, req infer.Request) (infer.Stream, error) {
 	e := h.e.Load()
 	if e == nil {
-		return nil, ErrClosed
+		return nil, infer.ErrClosed
 	}
 	s, err := e.Submit(ctx, req)
 	if err != nil {
@@ -31,20 +31,20 @@ func (h *Handle) Submit(ctx context.Context, req infer.Request) (infer.Stream, e
 }
 
 // ChatPrompt formats a conversation; see Engine.ChatPrompt.
-func (h *Handle) ChatPrompt(msgs []Message) (string, error) {
+func (h *Handle) ChatPrompt(msgs []infer.Message) (string, error) {
 	e := h.e.Load()
 	if e == nil {
-		return "", ErrClosed
+		return "", infer.ErrClosed
 	}
 	return e.ChatPrompt(msgs)
 }
 
 // Stats is the engine's snapshot, or zero before Set.
-func (h *Handle) Stats() Stats {
+func (h *Handle) Stats() infer.Stats {
 	if e := h.e.Load(); e != nil {
 		return e.Stats()
 	}
-	return Stats{}
+	return infer.Stats{}
 }
 
 // Ready reports whether the engine is set, loaded and warmed.
@@ -57,7 +57,7 @@ func (h *Handle) Ready() bool {
 func (h *Handle) Snapshot(ctx context.Context, key string) (infer.Frame, error) {
 	e := h.e.Load()
 	if e == nil {
-		return nil, ErrClosed
+		return nil, infer.ErrClosed
 	}
 	s, err := e.Snapshot(ctx, key)
 	if err != nil {
@@ -67,10 +67,10 @@ func (h *Handle) Snapshot(ctx context.Context, key string) (infer.Frame, error) 
 }
 
 // Import installs a KV frame; see Engine.Import.
-func (h *Handle) Import(ctx context.Context, frame []byte, replica bool) (ImportResult, error) {
+func (h *Handle) Import(ctx context.Context, frame []byte, replica bool) (infer.Imported, error) {
 	e := h.e.Load()
 	if e == nil {
-		return ImportResult{}, ErrClosed
+		return infer.Imported{}, infer.ErrClosed
 	}
 	return e.Import(ctx, frame, replica)
 }
@@ -85,7 +85,7 @@ func (h *Handle) Holds(key string) bool {
 func (h *Handle) Demote(ctx context.Context, key string) error {
 	e := h.e.Load()
 	if e == nil {
-		return ErrClosed
+		return infer.ErrClosed
 	}
 	return e.Demote(ctx, key)
 }
@@ -94,7 +94,7 @@ func (h *Handle) Demote(ctx context.Context, key string) error {
 func (h *Handle) Conversations(ctx context.Context) ([]string, error) {
 	e := h.e.Load()
 	if e == nil {
-		return nil, ErrClosed
+		return nil, infer.ErrClosed
 	}
 	return e.Conversations(ctx)
 }

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/infernode/infernode/session/infer"
 )
 
 // Moving a conversation's KV cache between engines: Export writes an idle conversation's
@@ -18,15 +20,15 @@ import (
 // do runs f on the engine goroutine between steps and waits for it.
 func (e *Engine) do(ctx context.Context, f func()) error {
 	if !e.Ready() {
-		return ErrClosed
+		return infer.ErrClosed
 	}
 	done := make(chan struct{})
 	select {
 	case e.tasks <- func() { f(); close(done) }:
 	case <-e.stopped:
-		return ErrClosed
+		return infer.ErrClosed
 	case <-ctx.Done():
-		return fmt.Errorf("%w: %w", ErrCanceled, ctx.Err())
+		return fmt.Errorf("%w: %w", infer.ErrCanceled, ctx.Err())
 	}
 	<-done
 	return nil
@@ -46,7 +48,7 @@ type Snapshot struct {
 // conversation stays cached here. ErrNotCached: it is not idle here.
 func (e *Engine) Snapshot(ctx context.Context, key string) (*Snapshot, error) {
 	if key == "" {
-		return nil, fmt.Errorf("%w: export needs a conversation key", ErrInvalid)
+		return nil, fmt.Errorf("%w: export needs a conversation key", infer.ErrInvalid)
 	}
 	var tokens []int32
 	var state []byte
@@ -63,7 +65,7 @@ func (e *Engine) Snapshot(ctx context.Context, key string) (*Snapshot, error) {
 				return
 			}
 		}
-		err = ErrNotCached
+		err = infer.ErrNotCached
 	})
 	if err = cmp.Or(doErr, err); err != nil {
 		stateBufs.Put(buf)
@@ -138,13 +140,13 @@ func stateBuffer() *[]byte {
 //
 // A replica is a copy kept for a conversation another node serves, for when that node
 // fails: it is evicted before any conversation served here.
-func (e *Engine) Import(ctx context.Context, frame []byte, replica bool) (ImportResult, error) {
+func (e *Engine) Import(ctx context.Context, frame []byte, replica bool) (infer.Imported, error) {
 	want := frameHeader{Fingerprint: e.cfg.Fingerprint, KVType: e.cfg.KVType}
 	h, tokens, state, err := parseFrame(frame, want, e.seqCells-1)
 	if err != nil {
-		return ImportResult{}, err
+		return infer.Imported{}, err
 	}
-	res := ImportResult{Key: h.Key, Tokens: len(tokens), Bytes: len(state)}
+	res := infer.Imported{Key: h.Key, Tokens: len(tokens), Bytes: len(state)}
 	if err := e.do(ctx, func() {
 		start := time.Now()
 		err = e.install(h.Key, tokens, state, replica)
@@ -165,12 +167,12 @@ func (e *Engine) Import(ctx context.Context, frame []byte, replica bool) (Import
 func (e *Engine) install(key string, tokens []int32, state []byte, replica bool) error {
 	for _, s := range e.slots {
 		if s.key == key && s.job != nil {
-			return fmt.Errorf("%w: conversation %q is running a turn here", ErrOverloaded, key)
+			return fmt.Errorf("%w: conversation %q is running a turn here", infer.ErrOverloaded, key)
 		}
 	}
 	target := e.slotFor(key)
 	if target == nil {
-		return fmt.Errorf("%w: every sequence is running", ErrOverloaded)
+		return fmt.Errorf("%w: every sequence is running", infer.ErrOverloaded)
 	}
 	if target.key == key && len(target.tokens) >= len(tokens) {
 		// The copy here is as long (the same turn's replica, or a later turn ran here):
@@ -180,7 +182,7 @@ func (e *Engine) install(key string, tokens []int32, state []byte, replica bool)
 	}
 	evict, ok := e.roomFor(target, len(tokens), nil)
 	if !ok {
-		return fmt.Errorf("%w: no room for %d cells", ErrOverloaded, len(tokens))
+		return fmt.Errorf("%w: no room for %d cells", infer.ErrOverloaded, len(tokens))
 	}
 	for _, v := range evict {
 		e.drop(v)
@@ -188,7 +190,7 @@ func (e *Engine) install(key string, tokens []int32, state []byte, replica bool)
 	e.drop(target)
 	if err := e.lctx.SetSeqState(target.seq, state); err != nil {
 		e.drop(target) // whatever llama.cpp half-restored
-		return fmt.Errorf("%w: %w", ErrFrame, err)
+		return fmt.Errorf("%w: %w", infer.ErrFrame, err)
 	}
 	e.tick++ // the LRU clock: a later import is more recent, even with no step between
 	target.key, target.tokens, target.lastUsed, target.replica = key, append(target.tokens[:0], tokens...), e.tick, replica

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/infernode/infernode/internal/testenv"
+	"github.com/infernode/infernode/session/infer"
 )
 
 // A conversation exported from one engine and imported into another continues there
@@ -94,8 +95,8 @@ func TestKVImportRefusals(t *testing.T) {
 		{"not a frame", dst, []byte("hello, this is not a KV frame at all")},
 	} {
 		_, err := tc.engine.Import(t.Context(), tc.frame, false)
-		if !errors.Is(err, ErrFrame) {
-			t.Errorf("%s: Import = %v, want ErrFrame", tc.name, err)
+		if !errors.Is(err, infer.ErrFrame) {
+			t.Errorf("%s: Import = %v, want infer.ErrFrame", tc.name, err)
 		}
 		t.Logf("%s: %v", tc.name, err)
 	}
@@ -108,7 +109,7 @@ func TestKVImportRefusals(t *testing.T) {
 	if r.CachedTokens == 0 || again == "" {
 		t.Errorf("the conversation held before lost its cache: %d cached tokens", r.CachedTokens)
 	}
-	if _, err := src.Export(t.Context(), "nobody", &frame); !errors.Is(err, ErrNotCached) {
-		t.Errorf("Export of an unknown conversation = %v, want ErrNotCached", err)
+	if _, err := src.Export(t.Context(), "nobody", &frame); !errors.Is(err, infer.ErrNotCached) {
+		t.Errorf("Export of an unknown conversation = %v, want infer.ErrNotCached", err)
 	}
 }

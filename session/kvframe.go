@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/cespare/xxhash/v2"
+	"github.com/infernode/infernode/session/infer"
 )
 
 // A KV frame carries one conversation's cache between engines of the same model and KV
@@ -77,7 +78,7 @@ const maxTokenState = 1 << 20
 func parseFrame(frame []byte, want frameHeader, maxTokens int) (frameHeader, []int32, []byte, error) {
 	var h frameHeader
 	bad := func(format string, args ...any) (frameHeader, []int32, []byte, error) {
-		return h, nil, nil, fmt.Errorf("%w: %s", ErrFrame, fmt.Sprintf(format, args...))
+		return h, nil, nil, fmt.Errorf("%w: %s", infer.ErrFrame, fmt.Sprintf(format, args...))
 	}
 	b := frame
 	take := func(n int) ([]byte, bool) {

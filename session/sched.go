@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/infernode/infernode/session/infer"
 	"github.com/infernode/infernode/session/llama"
 )
 
@@ -17,7 +18,7 @@ import (
 // younger ones pass until it has waited a quarter of the queue timeout; then nothing passes
 // it, and running requests drain until it fits. Nothing is admitted while a running
 // request waits for cells to grow into: work already started comes first.
-func (e *Engine) admit(stats *Stats) {
+func (e *Engine) admit(stats *infer.Stats) {
 	if e.stalled > 0 {
 		return
 	}
@@ -170,7 +171,7 @@ func (e *Engine) claimed() int {
 // room makes sure j's next token has a cell within its claim. A used-up claim grows by up
 // to a share: from unclaimed cells, else by evicting idle conversations. room reports false
 // when the pool has no cell to spare now; j then waits for others to finish (see step).
-func (e *Engine) room(j *job, stats *Stats) bool {
+func (e *Engine) room(j *job, stats *infer.Stats) bool {
 	if !e.cfg.UnifiedKV || len(j.slot.tokens) < j.claim {
 		return true
 	}
@@ -219,7 +220,7 @@ func commonPrefix(a, b []int32) int {
 }
 
 // start admits j at placement p.
-func (e *Engine) start(j *job, p placement, stats *Stats) {
+func (e *Engine) start(j *job, p placement, stats *infer.Stats) {
 	for _, v := range p.evict {
 		e.drop(v)
 		stats.Evictions++
@@ -337,7 +338,7 @@ func (e *Engine) prefillOrder(decoding int, rate float64) []*job {
 // that another slot holds by now, so a burst of requests with one system prompt prefills
 // it once: shortest first gives one of them the step, and the others take its cells
 // before the next.
-func (e *Engine) catchUp(stats *Stats) {
+func (e *Engine) catchUp(stats *infer.Stats) {
 	for _, j := range e.jobs {
 		if j.gen != 0 {
 			continue
@@ -364,7 +365,7 @@ func (e *Engine) shareCells(s, from *slot, n int) {
 // step builds one batch (a token for every decoding request, then prefill chunks as
 // prefillOrder picks them), decodes it, and samples for every request whose logits it
 // produced.
-func (e *Engine) step(stats *Stats) {
+func (e *Engine) step(stats *infer.Stats) {
 	e.tick++
 	e.catchUp(stats)
 	b := e.batch
@@ -473,7 +474,7 @@ func (e *Engine) sample(jobs []*job) {
 }
 
 // emit handles a sampled token: end of turn, text for the stream, stop strings, limits.
-func (e *Engine) emit(j *job, tok int32, stats *Stats) {
+func (e *Engine) emit(j *job, tok int32, stats *infer.Stats) {
 	if j.gen == 0 {
 		j.first = time.Now()
 	}
@@ -521,7 +522,7 @@ func (e *Engine) finish(j *job, reason string, err error) {
 			}
 		}
 	}
-	res := Result{FinishReason: reason, PromptTokens: len(j.prompt), CachedTokens: j.cached,
+	res := infer.Result{FinishReason: reason, PromptTokens: len(j.prompt), CachedTokens: j.cached,
 		CompletionTokens: j.gen, Total: now.Sub(j.submitted), Logprobs: j.logprobs, Err: err}
 	if !j.admitted.IsZero() {
 		res.Queued = j.admitted.Sub(j.submitted)
@@ -544,7 +545,7 @@ func (e *Engine) finish(j *job, reason string, err error) {
 
 // logprob is tok's log probability in a logits row and the top most likely tokens, by a
 // log-softmax over the whole vocabulary (done only for requests that ask).
-func (e *Engine) logprob(l llama.Logits, tok int32, top int) TokenLogprob {
+func (e *Engine) logprob(l llama.Logits, tok int32, top int) infer.TokenLogprob {
 	row := l.Row(e.model.NumVocab())
 	hi := row[0]
 	for _, x := range row {
@@ -556,7 +557,7 @@ func (e *Engine) logprob(l llama.Logits, tok int32, top int) TokenLogprob {
 	}
 	lse := float64(hi) + math.Log(sum)
 	piece := func(t int32) string { return strings.ToValidUTF8(string(e.model.Piece(t)), "\uFFFD") }
-	out := TokenLogprob{Token: piece(tok), Logprob: float32(float64(row[tok]) - lse)}
+	out := infer.TokenLogprob{Token: piece(tok), Logprob: float32(float64(row[tok]) - lse)}
 	if top == 0 {
 		return out
 	}
@@ -574,13 +575,13 @@ func (e *Engine) logprob(l llama.Logits, tok int32, top int) TokenLogprob {
 		}
 	}
 	for _, t := range best {
-		out.Top = append(out.Top, TopLogprob{Token: piece(t), Logprob: float32(float64(row[t]) - lse)})
+		out.Top = append(out.Top, infer.TopLogprob{Token: piece(t), Logprob: float32(float64(row[t]) - lse)})
 	}
 	return out
 }
 
 // publishStats stores a snapshot of the counters and the slots' state for Stats.
-func (e *Engine) publishStats(counters *Stats) {
+func (e *Engine) publishStats(counters *infer.Stats) {
 	s := *counters
 	s.Sequences, s.KVCells, s.Running = len(e.slots), e.cells, len(e.jobs)
 	if e.lctx != nil {

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/infernode/infernode/session/infer"
 	"github.com/infernode/infernode/session/llama"
 )
 
@@ -81,7 +82,7 @@ func TestPlace(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := testEngine(tc.cells, tc.unified, tc.slots...)
-			j := &job{req: Request{SessionID: tc.key}, prompt: prompt(tc.prompt), maxTokens: tc.maxTokens}
+			j := &job{req: infer.Request{SessionID: tc.key}, prompt: prompt(tc.prompt), maxTokens: tc.maxTokens}
 			p, ok := e.place(j)
 			if ok != tc.ok {
 				t.Fatalf("place ok = %v, want %v", ok, tc.ok)
@@ -117,8 +118,8 @@ func TestOverloadedRetryAfter(t *testing.T) {
 		{99, 30 * time.Second}, // never more than the queue timeout
 	} {
 		e.waiting = make([]*job, tc.waiting)
-		var o *OverloadedError
-		if err := e.overloaded("queue full"); !errors.As(err, &o) || !errors.Is(err, ErrOverloaded) || o.RetryAfter != tc.want {
+		var o *infer.OverloadedError
+		if err := e.overloaded("queue full"); !errors.As(err, &o) || !errors.Is(err, infer.ErrOverloaded) || o.RetryAfter != tc.want {
 			t.Errorf("%d waiting: %v, want retry after %v", tc.waiting, err, tc.want)
 		}
 	}

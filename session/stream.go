@@ -4,6 +4,8 @@ import (
 	"io"
 	"strings"
 	"sync"
+
+	"github.com/infernode/infernode/session/infer"
 )
 
 // Stream delivers one request's generated text. The engine never waits for a reader: text
@@ -16,7 +18,7 @@ type Stream struct {
 	mu      sync.Mutex
 	pending strings.Builder
 	done    bool
-	res     Result
+	res     infer.Result
 	started bool          // admitted: PromptTokens and CachedTokens of res are set
 	tokens  int           // generated so far
 	notify  chan struct{} // capacity 1: "something changed"
@@ -51,7 +53,7 @@ func (s *Stream) Recv() (string, error) {
 }
 
 // Result is how the request ended. It is complete once Recv has returned an error.
-func (s *Stream) Result() Result {
+func (s *Stream) Result() infer.Result {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.res
@@ -67,7 +69,7 @@ func (s *Stream) Admitted() (promptTokens, cachedTokens int, ok bool) {
 }
 
 // Collect reads the stream to its end and returns all its text.
-func (s *Stream) Collect() (string, Result, error) {
+func (s *Stream) Collect() (string, infer.Result, error) {
 	var b strings.Builder
 	for {
 		text, err := s.Recv()
@@ -114,7 +116,7 @@ func (s *Stream) pushText(text string) {
 }
 
 // finish ends the stream. Called by the engine only, once.
-func (s *Stream) finish(res Result) {
+func (s *Stream) finish(res infer.Result) {
 	s.mu.Lock()
 	s.done, s.res = true, res
 	s.mu.Unlock()

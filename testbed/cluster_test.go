@@ -8,7 +8,6 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -18,26 +17,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/infernode/infernode/internal/poll"
 	"github.com/infernode/infernode/internal/testenv"
 )
 
 var binary string
 
 // TestMain builds infernode once; every test runs it as real processes on loopback.
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "infernode-testbed-bin")
-	if err != nil {
-		panic(err)
-	}
-	binary = filepath.Join(dir, "infernode")
-	if out, err := exec.Command("go", "build", "-o", binary, "../cmd/infernode").CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build infernode: %v\n%s", err, out)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testenv.RunWithBinary(m, "../cmd/infernode", &binary) }
 
 // launch starts cfg's cluster of the test binary, its logs in a temporary directory and
 // the tails of them in the test's output if it fails, one llama.cpp thread a node (several
@@ -459,20 +446,13 @@ func TestIncompatibleNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(15 * time.Second)
 	for _, n := range c.Nodes[:2] {
-		for {
+		poll.Until(t, 15*time.Second, n.ID+" to see odd as alive, ready and incompatible", func() bool {
 			v, err := c.View(n)
-			if err == nil && slices.ContainsFunc(v.Members, func(m MemberView) bool {
+			return err == nil && slices.ContainsFunc(v.Members, func(m MemberView) bool {
 				return m.ID == "odd" && m.State == "alive" && m.Ready && !m.Compatible
-			}) {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s never saw odd as alive, ready and incompatible: %+v", n.ID, v)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+			})
+		})
 	}
 	if _, err := c.WaitRings(t.Context(), c.IDs(c.Nodes[0], c.Nodes[1]), 5*time.Second, odd); err != nil {
 		t.Fatal(err)

@@ -6,6 +6,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/infernode/infernode/internal/poll"
 )
 
 // TestLeaveHandsOffKV: an owner sent SIGTERM pushes the conversations it holds to their
@@ -110,13 +112,13 @@ func settledTransfers(t testing.TB, c *Cluster, nodes ...*Node) float64 {
 		return sum
 	}
 	last, since := -1.0, time.Now()
-	for deadline := time.Now().Add(20 * time.Second); time.Since(since) < 3*time.Second; time.Sleep(100 * time.Millisecond) {
+	if !poll.Within(20*time.Second, 100*time.Millisecond, func() bool {
 		if n := received(); n != last {
 			last, since = n, time.Now()
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("KV frames still arriving after 20s (%v so far)", last)
-		}
+		return time.Since(since) >= 3*time.Second
+	}) {
+		t.Fatalf("KV frames still arriving after 20s (%v so far)", last)
 	}
 	return last
 }

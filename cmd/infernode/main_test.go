@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/infernode/infernode/gossip"
+	"github.com/infernode/infernode/internal/poll"
 	"github.com/infernode/infernode/internal/testenv"
 	"github.com/infernode/infernode/node/routing"
 )
@@ -22,21 +23,7 @@ import (
 var binary string
 
 // TestMain builds the infernode binary once; the tests run it as real processes.
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "infernode-test")
-	if err != nil {
-		panic(err)
-	}
-	binary = filepath.Join(dir, "infernode")
-	out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "build infernode: %v\n%s", err, out)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testenv.RunWithBinary(m, ".", &binary) }
 
 func TestHelpAndBadFlags(t *testing.T) {
 	out, err := exec.Command(binary, "--help").CombinedOutput()
@@ -111,20 +98,10 @@ func start(t *testing.T, args ...string) *process {
 	case <-time.After(30 * time.Second):
 		t.Fatal("infernode did not report its address")
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		resp, err := http.Get(p.url + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				return p
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("infernode did not become ready")
-		}
-		time.Sleep(10 * time.Millisecond)
+	if !poll.Answers200(p.url+"/readyz", 30*time.Second) {
+		t.Fatal("infernode did not become ready")
 	}
+	return p
 }
 
 // openStream starts a streaming completion and returns its body once the first event

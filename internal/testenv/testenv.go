@@ -5,7 +5,9 @@
 package testenv
 
 import (
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
 )
@@ -64,3 +66,23 @@ func sharedModel(name string) string {
 // Stories260KOnceUponATime is the greedy continuation of "Once upon a time" by
 // stories260K.gguf for 60 tokens, as llama2.c documents it (../shared/models/README.md).
 const Stories260KOnceUponATime = ", there was a little girl named Lily. She loved to play outside in the park. One day, she saw a big, red ball. She wanted to play with it, but it was too high.\nLily"
+
+// RunWithBinary builds the infernode command (pkg, a path go build takes, relative to the
+// test's package) into a temporary directory, sets *binary to it, runs the tests and
+// exits with their code. A test package's TestMain calls it.
+func RunWithBinary(m *testing.M, pkg string, binary *string) {
+	dir, err := os.MkdirTemp("", "infernode-test-bin")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	*binary = filepath.Join(dir, "infernode")
+	if out, err := exec.Command("go", "build", "-o", *binary, pkg).CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build infernode: %v\n%s", err, out)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}

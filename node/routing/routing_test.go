@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/infernode/infernode/gossip"
+	"github.com/infernode/infernode/internal/poll"
 	"github.com/infernode/infernode/node/hop"
 	"github.com/infernode/infernode/session/infer"
 )
@@ -233,14 +234,10 @@ func TestStalledOwner(t *testing.T) {
 		rest, _ := collect(st)
 		got <- head.String() + rest
 	}()
-	deadline := time.Now().Add(5 * time.Second)
 	// The entry waits on b's next line (another timer may be pending: only this one counts).
-	for c.clock.pendingIn(c.entry.cfg.ProgressTimeout) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the entry never armed its progress deadline")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	poll.Until(t, 5*time.Second, "the entry to arm its progress deadline", func() bool {
+		return c.clock.pendingIn(c.entry.cfg.ProgressTimeout) > 0
+	})
 	c.clock.Advance(c.entry.cfg.ProgressTimeout - time.Millisecond)
 	if c.clock.pendingIn(time.Millisecond) == 0 {
 		t.Fatal("gave up on the owner before the progress timeout")
@@ -279,13 +276,9 @@ func TestCancelAcrossHop(t *testing.T) {
 	if resumes(st) != 0 {
 		t.Error("a canceled stream was resumed elsewhere")
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for c.peers["b"].engine.canceled.Load() == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the owner's generation was not canceled")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	poll.Until(t, 5*time.Second, "the owner's generation to be canceled", func() bool {
+		return c.peers["b"].engine.canceled.Load() > 0
+	})
 }
 
 // A peer announcing a graceful leave gets no new requests at once, without waiting for
