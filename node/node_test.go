@@ -335,7 +335,7 @@ func TestClientDisconnect(t *testing.T) {
 	st := n.engine.Stats()
 	// What stays is the two conversations' cache (KV of their prompts and the few tokens
 	// generated before each disconnect), nothing more.
-	longTokens, err := n.engine.Model().Tokenize(long, true, false)
+	longTokens, err := n.engine.Backend().Tokenize(long, true, false)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -37,7 +37,7 @@ func (e *Engine) ChatPrompt(msgs []infer.Message) (string, error) {
 		}
 		lmsgs[i] = llama.Message{Role: m.Role, Content: contentMark + m.Content + contentMark}
 	}
-	tmpl := e.model.ChatTemplate()
+	tmpl := e.b.ChatTemplate()
 	if tmpl != "" {
 		p, err := llama.ApplyChatTemplate(tmpl, lmsgs, true)
 		if err == nil {
@@ -54,18 +54,18 @@ func (e *Engine) ChatPrompt(msgs []infer.Message) (string, error) {
 // text parsed as control tokens outside content marks and never inside them.
 func (e *Engine) tokenize(prompt string) ([]int32, error) {
 	if !strings.Contains(prompt, contentMark) {
-		return e.model.Tokenize(prompt, true, true)
+		return e.b.Tokenize(prompt, true, true)
 	}
 	parts := strings.Split(prompt, contentMark)
 	// Tokenized whole, the prompt splits exactly as it would without marks. That is right
 	// when its control tokens are the template's alone: when no content spells one.
-	whole, err := e.model.Tokenize(strings.Join(parts, ""), true, true)
+	whole, err := e.b.Tokenize(strings.Join(parts, ""), true, true)
 	if err != nil {
 		return nil, err
 	}
 	want := e.controls(e.bos)
 	for i := 0; i < len(parts); i += 2 {
-		toks, err := e.model.Tokenize(parts[i], false, true)
+		toks, err := e.b.Tokenize(parts[i], false, true)
 		if err != nil {
 			return nil, err
 		}
@@ -77,7 +77,7 @@ func (e *Engine) tokenize(prompt string) ([]int32, error) {
 	// Some content spells a control token: tokenize piece by piece, content as plain text.
 	var out []int32
 	for i, part := range parts {
-		toks, err := e.model.Tokenize(part, i == 0, i%2 == 0)
+		toks, err := e.b.Tokenize(part, i == 0, i%2 == 0)
 		if err != nil {
 			return nil, err
 		}
@@ -90,7 +90,7 @@ func (e *Engine) tokenize(prompt string) ([]int32, error) {
 func (e *Engine) controls(toks []int32) int {
 	n := 0
 	for _, t := range toks {
-		if e.model.IsControl(t) {
+		if e.b.IsControl(t) {
 			n++
 		}
 	}

@@ -13,6 +13,11 @@
 // cells run out; running ones never are. Requests that cannot be admitted wait in a bounded
 // queue and are refused with ErrOverloaded when it is full or they have waited too long.
 //
+// The engine runs on a Backend: llama.cpp's model and context (session/llama, the only
+// cgo), or in the scheduler's tests a deterministic fake, under testing/synctest's virtual
+// clock, so placement, sharing, admission and timeouts are tested in milliseconds without a
+// model (sched_fake_test.go); the tests with a real model check the text (engine_test.go).
+//
 // session knows nothing about HTTP, peers or chat formats beyond the model's own template:
 // callers hand it text prompts and sampling parameters.
 package session

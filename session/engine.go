@@ -11,16 +11,14 @@ import (
 	"time"
 
 	"github.com/infernode/infernode/session/infer"
-	"github.com/infernode/infernode/session/llama"
 )
 
 // Engine runs one model on one llama.cpp context for many concurrent requests.
 type Engine struct {
 	cfg   Config
 	log   *slog.Logger
-	model *llama.Model
-	lctx  *llama.Context
-	batch *llama.Batch
+	b     Backend // the model and its context
+	batch *Batch
 	rng   *rand.Rand // seeds for requests asking for a random one; engine goroutine only
 
 	cells    int     // cells in the KV cache, as llama.cpp made it (it may round Config.Cells up)
@@ -71,17 +69,17 @@ type job struct {
 
 	// Set at admission.
 	slot     *slot
-	sampler  *llama.Sampler
+	sampler  Sampler
 	filter   *textFilter
 	admitted time.Time
 	since    uint64 // the step counter at admission
 	cached   int
-	pending  []int32      // tokens to feed: the rest of the prompt, then the last sampled token
-	logitIdx int          // batch index of this job's logits in the current step, or -1
-	logits   llama.Logits // that row, once decoded
-	next     int32        // the token sampled from it
-	fed      int          // tokens of pending in the current step's batch
-	claim    int          // KV cells it holds in a unified pool's accounting (see room)
+	pending  []int32   // tokens to feed: the rest of the prompt, then the last sampled token
+	logitIdx int       // batch index of this job's logits in the current step, or -1
+	logits   []float32 // that row, once decoded
+	next     int32     // the token sampled from it
+	fed      int       // tokens of pending in the current step's batch
+	claim    int       // KV cells it holds in a unified pool's accounting (see room)
 	first    time.Time
 	gen      int
 	logprobs []infer.TokenLogprob // when the request asked for them
@@ -97,37 +95,34 @@ func New(cfg Config) (*Engine, error) {
 		log = slog.Default()
 	}
 	log = log.With("component", "session")
-	model, err := llama.LoadModel(cfg.ModelPath, cfg.LoadProgress)
+	if cfg.Fingerprint == "" {
+		var err error
+		if cfg.Fingerprint, err = Fingerprint(cfg.ModelPath, cfg.KVType); err != nil {
+			return nil, err
+		}
+	}
+	b, err := loadLlama(cfg)
 	if err != nil {
 		return nil, err
 	}
-	lctx, err := llama.NewContext(model, llama.ContextParams{
-		Cells: cfg.Cells, Sequences: cfg.Sequences, Batch: cfg.BatchSize, Threads: cfg.Threads,
-		Unified: cfg.UnifiedKV, KVType: cfg.KVType, FlashAttn: true, // also skips masked cells: other sequences in a unified pool cost nothing
-	})
-	if err != nil {
-		model.Close()
-		return nil, err
-	}
+	log.Info("model loaded", "model", cfg.ModelPath, "desc", b.model.Description())
+	return newEngine(cfg, b, log), nil
+}
+
+// newEngine builds an engine on a backend (llama.cpp's, or a test's fake).
+func newEngine(cfg Config, b Backend, log *slog.Logger) *Engine {
 	seed := cfg.Seed
 	if seed == 0 {
 		seed = uint64(time.Now().UnixNano())
 	}
-	if cfg.Fingerprint == "" {
-		if cfg.Fingerprint, err = Fingerprint(cfg.ModelPath, cfg.KVType); err != nil {
-			lctx.Close()
-			model.Close()
-			return nil, err
-		}
-	}
-	bos, _ := model.Tokenize("", true, false) // nothing when the tokenizer fails: warm falls back to token 0
+	bos, _ := b.Tokenize("", true, false) // nothing when the tokenizer fails: warm falls back to token 0
 	e := &Engine{
-		cfg: cfg, log: log, model: model, lctx: lctx, bos: bos,
-		batch:    llama.NewBatch(cfg.BatchSize),
+		cfg: cfg, log: log, b: b, bos: bos,
+		batch:    NewBatch(cfg.BatchSize),
 		rng:      rand.New(rand.NewPCG(seed, seed>>32|1)),
-		cells:    lctx.Cells(),
-		seqCells: seqContext(cfg.SeqContext, model.TrainedContext(), lctx.SeqCells(), log),
-		share:    lctx.Cells() / cfg.Sequences,
+		cells:    b.Cells(),
+		seqCells: seqContext(cfg.SeqContext, b.TrainedContext(), b.SeqCells(), log),
+		share:    b.Cells() / cfg.Sequences,
 		wake:     make(chan struct{}, 1),
 		tasks:    make(chan func()),
 		stopped:  make(chan struct{}),
@@ -136,10 +131,9 @@ func New(cfg Config) (*Engine, error) {
 		e.slots = append(e.slots, &slot{seq: i})
 	}
 	e.publishStats(&infer.Stats{})
-	log.Info("engine created", "model", cfg.ModelPath, "desc", model.Description(),
-		"cells", lctx.Cells(), "seq_cells", e.seqCells, "sequences", cfg.Sequences,
+	log.Info("engine created", "cells", e.cells, "seq_cells", e.seqCells, "sequences", cfg.Sequences,
 		"batch", cfg.BatchSize, "threads", cfg.Threads, "unified_kv", cfg.UnifiedKV, "seed", seed)
-	return e, nil
+	return e
 }
 
 // seqContext is the most tokens one conversation may hold (see Config.SeqContext): asked
@@ -164,8 +158,8 @@ func seqContext(asked, trained, pool int, log *slog.Logger) int {
 	return pool
 }
 
-// Model is the loaded model, for tokenizing and chat templates.
-func (e *Engine) Model() *llama.Model { return e.model }
+// Backend is the model and context the engine runs on, for tokenizing.
+func (e *Engine) Backend() Backend { return e.b }
 
 // SeqCells is the most tokens (prompt plus generated) one request can hold.
 func (e *Engine) SeqCells() int { return e.seqCells }
@@ -196,11 +190,7 @@ func (e *Engine) Stats() infer.Stats {
 // Close frees the model and context. Call it after Run has returned; it is safe to call
 // twice.
 func (e *Engine) Close() {
-	e.closeOnce.Do(func() {
-		e.batch.Free()
-		e.lctx.Close()
-		e.model.Close()
-	})
+	e.closeOnce.Do(e.b.Close)
 }
 
 // Submit validates and tokenizes a request and queues it. Errors it returns are final for
@@ -304,10 +294,10 @@ func (e *Engine) warm() error {
 	}
 	e.batch.Clear()
 	e.batch.Add(tok, 0, 0, true)
-	if err := e.lctx.Decode(e.batch); err != nil {
+	if err := e.b.Decode(e.batch); err != nil {
 		return fmt.Errorf("warm up: %w", err)
 	}
-	e.lctx.Clear()
+	e.b.Clear()
 	return nil
 }
 

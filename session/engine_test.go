@@ -146,7 +146,7 @@ func TestSharedPrefix(t *testing.T) {
 	before := e.Stats().SharedTokens
 	got, res := generate(t, e, greedy("b", ask("what lives in it"), 16))
 	shared := int(e.Stats().SharedTokens - before)
-	prefix, _ := e.model.Tokenize(system+"<|im_start|>user\n", true, true)
+	prefix, _ := e.b.Tokenize(system+"<|im_start|>user\n", true, true)
 	if shared < len(prefix) || shared >= res.PromptTokens || res.CachedTokens != 0 {
 		t.Errorf("b shared %d of %d prompt tokens (cached %d), want at least the %d of the system prompt and not all, none cached",
 			shared, res.PromptTokens, res.CachedTokens, len(prefix))
@@ -197,7 +197,7 @@ func TestSharedPrefixBurst(t *testing.T) {
 		}
 		prompt += res.PromptTokens
 	}
-	prefix, _ := e.model.Tokenize(system+"<|im_start|>user\n", true, true)
+	prefix, _ := e.b.Tokenize(system+"<|im_start|>user\n", true, true)
 	// Each of the other three takes at least the prefix less the one step they may have
 	// prefilled alongside the first.
 	if shared := int(e.Stats().SharedTokens); shared < 3*(len(prefix)-64) {
@@ -378,7 +378,7 @@ func TestStopStrings(t *testing.T) {
 
 func TestMultibyteNeverSplit(t *testing.T) {
 	e := startEngine(t, nil)
-	m := e.Model()
+	m := e.Backend()
 	// "€" and "ß" are not in the vocabulary: they tokenize to byte-fallback tokens whose
 	// pieces are single bytes.
 	text := "€ ß 日本"
@@ -549,7 +549,7 @@ func TestContentIsData(t *testing.T) {
 	if !strings.Contains(p, contentMark+"tell me about the river"+contentMark) {
 		t.Fatalf("chat prompt %q does not hold the marked content", p)
 	}
-	plain, err := e.model.Tokenize(strings.ReplaceAll(p, contentMark, ""), true, true)
+	plain, err := e.b.Tokenize(strings.ReplaceAll(p, contentMark, ""), true, true)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -58,7 +58,7 @@ func (e *Engine) Snapshot(ctx context.Context, key string) (*Snapshot, error) {
 		for _, s := range e.slots {
 			if s.key == key && s.job == nil && len(s.tokens) > 0 {
 				tokens = append([]int32(nil), s.tokens...)
-				state, err = e.lctx.SeqState(s.seq, *buf)
+				state, err = e.b.SeqState(s.seq, *buf)
 				if cap(state) > cap(*buf) {
 					*buf = state
 				}
@@ -188,7 +188,7 @@ func (e *Engine) install(key string, tokens []int32, state []byte, replica bool)
 		e.drop(v)
 	}
 	e.drop(target)
-	if err := e.lctx.SetSeqState(target.seq, state); err != nil {
+	if err := e.b.SetSeqState(target.seq, state); err != nil {
 		e.drop(target) // whatever llama.cpp half-restored
 		return fmt.Errorf("%w: %w", infer.ErrFrame, err)
 	}

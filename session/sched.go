@@ -237,7 +237,7 @@ func (e *Engine) start(j *job, p placement, stats *infer.Stats) {
 		stats.SharedTokens += uint64(p.reuse)
 	}
 	if p.reuse < len(s.tokens) {
-		e.lctx.SeqRemove(s.seq, p.reuse, -1)
+		e.b.SeqRemove(s.seq, p.reuse, -1)
 		s.tokens = s.tokens[:p.reuse]
 	}
 	s.key, s.job, s.replica = j.req.SessionID, j, false
@@ -250,7 +250,7 @@ func (e *Engine) start(j *job, p placement, stats *infer.Stats) {
 	if lastN == 0 {
 		lastN = 64
 	}
-	j.sampler = llama.NewSampler(e.model, llama.SamplerParams{
+	j.sampler = e.b.NewSampler(llama.SamplerParams{
 		Temperature: j.req.Temperature, TopK: j.req.TopK, TopP: j.req.TopP, MinP: j.req.MinP,
 		RepeatLastN: lastN, RepeatPenalty: j.req.RepeatPenalty,
 		FrequencyPenalty: j.req.FrequencyPenalty, PresencePenalty: j.req.PresencePenalty, Seed: seed,
@@ -271,7 +271,7 @@ func (e *Engine) start(j *job, p placement, stats *infer.Stats) {
 
 // drop forgets a slot's conversation and frees its KV cells.
 func (e *Engine) drop(s *slot) {
-	e.lctx.SeqRemove(s.seq, 0, -1)
+	e.b.SeqRemove(s.seq, 0, -1)
 	e.held.Delete(s.key)
 	s.tokens, s.key = s.tokens[:0], ""
 }
@@ -357,8 +357,8 @@ func (e *Engine) catchUp(stats *infer.Stats) {
 // shareCells gives s the first n cells of from in place of its own (a shorter beginning of
 // the same tokens, or none): s then holds from's first n tokens.
 func (e *Engine) shareCells(s, from *slot, n int) {
-	e.lctx.SeqRemove(s.seq, 0, -1)
-	e.lctx.SeqCopy(from.seq, s.seq, n)
+	e.b.SeqRemove(s.seq, 0, -1)
+	e.b.SeqCopy(from.seq, s.seq, n)
 	s.tokens = append(s.tokens[:0], from.tokens[:n]...)
 }
 
@@ -406,7 +406,7 @@ func (e *Engine) step(stats *infer.Stats) {
 	}
 
 	start := time.Now()
-	err := e.lctx.Decode(b)
+	err := e.b.Decode(b)
 	took := time.Since(start)
 	stats.StepTimeMicros += uint64(took.Microseconds())
 	if prefill := b.Len() - decoding; err == nil && prefill >= minPrefillSample {
@@ -453,7 +453,7 @@ func (e *Engine) step(stats *infer.Stats) {
 // shared among as many threads as llama.cpp uses (its workers only poll between graphs).
 func (e *Engine) sample(jobs []*job) {
 	for _, j := range jobs {
-		j.logits = e.lctx.Logits(j.logitIdx)
+		j.logits = e.b.Logits(j.logitIdx)
 	}
 	workers := min(e.cfg.Threads, len(jobs))
 	if workers <= 1 {
@@ -480,14 +480,14 @@ func (e *Engine) emit(j *job, tok int32, stats *infer.Stats) {
 	}
 	j.gen++
 	stats.Generated++
-	if e.model.IsEOG(tok) {
+	if e.b.IsEOG(tok) {
 		e.finish(j, "stop", nil)
 		return
 	}
 	if j.req.Logprobs {
 		j.logprobs = append(j.logprobs, e.logprob(j.logits, tok, j.req.TopLogprobs))
 	}
-	text, stopped := j.filter.push(e.model.Piece(tok))
+	text, stopped := j.filter.push(e.b.Piece(tok))
 	j.stream.push(text)
 	switch {
 	case stopped:
@@ -545,8 +545,7 @@ func (e *Engine) finish(j *job, reason string, err error) {
 
 // logprob is tok's log probability in a logits row and the top most likely tokens, by a
 // log-softmax over the whole vocabulary (done only for requests that ask).
-func (e *Engine) logprob(l llama.Logits, tok int32, top int) infer.TokenLogprob {
-	row := l.Row(e.model.NumVocab())
+func (e *Engine) logprob(row []float32, tok int32, top int) infer.TokenLogprob {
 	hi := row[0]
 	for _, x := range row {
 		hi = max(hi, x)
@@ -556,7 +555,7 @@ func (e *Engine) logprob(l llama.Logits, tok int32, top int) infer.TokenLogprob 
 		sum += math.Exp(float64(x - hi))
 	}
 	lse := float64(hi) + math.Log(sum)
-	piece := func(t int32) string { return strings.ToValidUTF8(string(e.model.Piece(t)), "\uFFFD") }
+	piece := func(t int32) string { return strings.ToValidUTF8(string(e.b.Piece(t)), "\uFFFD") }
 	out := infer.TokenLogprob{Token: piece(tok), Logprob: float32(float64(row[tok]) - lse)}
 	if top == 0 {
 		return out
@@ -584,9 +583,9 @@ func (e *Engine) logprob(l llama.Logits, tok int32, top int) infer.TokenLogprob 
 func (e *Engine) publishStats(counters *infer.Stats) {
 	s := *counters
 	s.Sequences, s.KVCells, s.Running = len(e.slots), e.cells, len(e.jobs)
-	if e.lctx != nil {
+	if e.b != nil {
 		for _, sl := range e.slots {
-			s.KVUsed += e.lctx.SeqPosMax(sl.seq) + 1
+			s.KVUsed += e.b.SeqPosMax(sl.seq) + 1
 			if sl.job == nil && len(sl.tokens) > 0 {
 				s.Conversations++
 				if sl.replica {

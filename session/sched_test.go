@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/infernode/infernode/session/infer"
-	"github.com/infernode/infernode/session/llama"
 )
 
 // Placement needs no model: these table tests build the engine's slots by hand, as
@@ -172,7 +171,7 @@ func TestPrefillOrder(t *testing.T) {
 			want: [][2]int{{1, 300}, {0, 212}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			e := &Engine{cfg: Config{PrefillSlice: 100 * time.Millisecond}, tick: tc.tick, batch: llamaBatch(t, 512)}
+			e := &Engine{cfg: Config{PrefillSlice: 100 * time.Millisecond}, tick: tc.tick, batch: NewBatch(512)}
 			for _, sp := range tc.jobs {
 				e.jobs = append(e.jobs, &job{pending: prompt(sp.pending), since: sp.since, gen: sp.gen})
 			}
@@ -192,10 +191,4 @@ func TestPrefillOrder(t *testing.T) {
 			}
 		})
 	}
-}
-
-func llamaBatch(t *testing.T, n int) *llama.Batch {
-	b := llama.NewBatch(n)
-	t.Cleanup(b.Free)
-	return b
 }

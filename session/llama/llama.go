@@ -778,3 +778,8 @@ func (s *Sampler) Free() {
 	C.free(unsafe.Pointer(s.probs))
 	s.c, s.buf, s.probs = nil, nil, nil
 }
+
+// SampleRow is Sample for a row Logits.Row returned.
+func (s *Sampler) SampleRow(row []float32) int32 {
+	return s.Sample(Logits{(*C.float)(unsafe.Pointer(unsafe.SliceData(row)))})
+}

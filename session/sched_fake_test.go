@@ -1,0 +1,215 @@
+package session
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/infernode/infernode/session/infer"
+)
+
+// The scheduler on a fake backend (fake_test.go), without a model: placement, reuse,
+// prefix sharing, eviction, admission and timeouts, in virtual time (testing/synctest), in
+// milliseconds. The real model's tests (engine_test.go) check the same engine computes the
+// right text on llama.cpp.
+
+// TestFakeBatching: more requests than sequences, of different lengths, all at once: each
+// answer is exactly the model's, however the steps batched, queued and prefilled them.
+func TestFakeBatching(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e, b, stop := startFake(t, func(c *Config) { c.BatchSize = 16 })
+		defer stop()
+		var wg sync.WaitGroup
+		for i := range 10 {
+			wg.Go(func() {
+				prompt := strings.Repeat(fmt.Sprint("word", i, " "), 1+i*7) // 1 to 64 words: several prefill chunks
+				text, res, _ := ask(t, e, fmt.Sprint("c", i), prompt, 5+i)
+				if want := answer(prompt, 5+i); text != want || res.FinishReason != "length" {
+					t.Errorf("request %d: %q (%s), want %q", i, text, res.FinishReason, want)
+				}
+			})
+		}
+		wg.Wait()
+		if st := e.Stats(); st.MaxDecoding < 2 || b.decodes >= 10*20 {
+			t.Errorf("no batching: at most %d decoding at once, %d decodes", st.MaxDecoding, b.decodes)
+		}
+	})
+}
+
+// TestFakeConversationReuse: a conversation's next turn finds its earlier tokens cached
+// and prefills only the rest; another conversation with the same words finds nothing of
+// it (no prefix under minSharedPrefix is shared); the answers are the model's.
+func TestFakeConversationReuse(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e, _, stop := startFake(t, nil)
+		defer stop()
+		first := "the river runs to the sea"
+		text, _, cached := ask(t, e, "conv", first, 4)
+		if cached != 0 {
+			t.Fatalf("first turn: %d cached", cached)
+		}
+		next := first + text + " and then"
+		text2, _, cached := ask(t, e, "conv", next, 4)
+		// Cached: BOS, the prompt's 6 words and the 3 answer tokens fed back (the 4th was
+		// never decoded).
+		if cached != 1+6+3 || text2 != answer(next, 4) {
+			t.Errorf("second turn: %d cached, %q; want 10 cached, %q", cached, text2, answer(next, 4))
+		}
+		if _, _, cached := ask(t, e, "other", next, 4); cached != 0 {
+			t.Errorf("another conversation found %d tokens cached", cached)
+		}
+	})
+}
+
+// TestFakePrefixSharing: in a unified pool a conversation that begins as another one does
+// (a long shared system prompt) shares its cells and prefills only the rest, and its
+// answer is still the model's; without a unified pool nothing is shared.
+func TestFakePrefixSharing(t *testing.T) {
+	for _, unified := range []bool{true, false} {
+		t.Run(fmt.Sprint("unified=", unified), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				e, _, stop := startFake(t, func(c *Config) { c.UnifiedKV = unified })
+				defer stop()
+				system := strings.Repeat("you answer about rivers ", 10) // 40 words
+				ask(t, e, "a", system+"first question", 3)
+				p := system + "second question here"
+				text, _, _ := ask(t, e, "b", p, 3)
+				shared := e.Stats().SharedTokens
+				if text != answer(p, 3) {
+					t.Errorf("answer after sharing: %q, want %q", text, answer(p, 3))
+				}
+				if want := uint64(1 + 40); unified && shared != want || !unified && shared != 0 {
+					t.Errorf("shared %d tokens, want %d", shared, map[bool]uint64{true: want, false: 0}[unified])
+				}
+			})
+		})
+	}
+}
+
+// TestFakeEviction: with every slot holding an idle conversation, a new one evicts the
+// least recently used, and that conversation's next turn is cold; a running request is
+// never evicted.
+func TestFakeEviction(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e, _, stop := startFake(t, func(c *Config) { c.Sequences = 2 })
+		defer stop()
+		ask(t, e, "a", "alpha one", 2)
+		ask(t, e, "b", "beta one", 2)
+		ask(t, e, "a", "alpha one t1 t2 more", 2) // a is used last: b goes first
+		ask(t, e, "c", "gamma one", 2)
+		if st := e.Stats(); st.Evictions != 1 {
+			t.Errorf("%d evictions, want 1", st.Evictions)
+		}
+		if _, _, cached := ask(t, e, "b", "beta one t1 t2 more", 2); cached != 0 {
+			t.Errorf("evicted b found %d cached", cached)
+		}
+		if _, _, cached := ask(t, e, "c", "gamma one again", 2); cached == 0 {
+			t.Error("c, used after b's eviction, lost its cache")
+		}
+	})
+}
+
+// TestFakeQueue: a request that cannot be admitted waits; past QueueTimeout it is
+// refused with a Retry-After, and past MaxQueue requests are refused at once. Virtual
+// time: the test takes milliseconds.
+func TestFakeQueue(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e, b, stop := startFake(t, func(c *Config) { c.Sequences, c.MaxQueue, c.QueueTimeout = 1, 1, 2*time.Second })
+		defer stop()
+		b.perToken = 100 * time.Millisecond // the running request takes 10s
+		long, err := e.Submit(t.Context(), infer.Request{Prompt: "a long one", MaxTokens: 100, Sampling: infer.Greedy()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		start := time.Now()
+		waiting, err := e.Submit(t.Context(), infer.Request{Prompt: "waits", MaxTokens: 1, Sampling: infer.Greedy()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.Submit(t.Context(), infer.Request{Prompt: "one too many", MaxTokens: 1, Sampling: infer.Greedy()}); !errors.Is(err, infer.ErrOverloaded) {
+			t.Errorf("past MaxQueue: %v, want ErrOverloaded at once", err)
+		}
+		_, res, err := waiting.Collect()
+		var o *infer.OverloadedError
+		if !errors.As(err, &o) || o.Reason != "queue timeout" || o.RetryAfter < time.Second {
+			t.Errorf("a request that waited: %v (%+v), want refused after the queue timeout", err, res)
+		}
+		if waited := time.Since(start); waited < 2*time.Second || waited > 2*time.Second+200*time.Millisecond {
+			t.Errorf("refused after %v, want the queue timeout, 2s", waited)
+		}
+		if _, res, err := long.Collect(); err != nil || res.CompletionTokens != 100 {
+			t.Errorf("the running request: %v, %d tokens", err, res.CompletionTokens)
+		}
+	})
+}
+
+// TestFakeCancel: canceling a running request ends it at once with ErrCanceled and frees
+// its sequence for the next; a request canceled while queued never runs.
+func TestFakeCancel(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e, b, stop := startFake(t, func(c *Config) { c.Sequences = 1 })
+		defer stop()
+		b.perToken = 10 * time.Millisecond
+		ctx, cancel := context.WithCancel(t.Context())
+		st, err := e.Submit(ctx, infer.Request{SessionID: "x", Prompt: "cancel me", MaxTokens: 1000, Sampling: infer.Greedy()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		qctx, qcancel := context.WithCancel(t.Context())
+		queued, err := e.Submit(qctx, infer.Request{Prompt: "queued", MaxTokens: 5, Sampling: infer.Greedy()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.Recv(); err != nil {
+			t.Fatal(err)
+		}
+		qcancel()
+		cancel()
+		start := time.Now()
+		if _, _, err := st.Collect(); !errors.Is(err, infer.ErrCanceled) {
+			t.Errorf("canceled request: %v, want ErrCanceled", err)
+		}
+		if _, _, err := queued.Collect(); !errors.Is(err, infer.ErrCanceled) {
+			t.Errorf("canceled while queued: %v, want ErrCanceled", err)
+		}
+		if took := time.Since(start); took > 50*time.Millisecond {
+			t.Errorf("cancellation took %v", took)
+		}
+		text, _, _ := ask(t, e, "y", "next one", 3)
+		if text != answer("next one", 3) {
+			t.Errorf("after the cancellations: %q", text)
+		}
+		if st := e.Stats(); st.Canceled != 2 || st.Running != 0 {
+			t.Errorf("stats after: %+v", st)
+		}
+	})
+}
+
+// TestFakeDecodeFailure: a failed decode ends the requests in its batch with the error
+// and forgets their conversations (their KV is unknown); the engine goes on serving.
+func TestFakeDecodeFailure(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e, b, stop := startFake(t, nil)
+		defer stop()
+		ask(t, e, "x", "some words", 2)
+		b.mu.Lock()
+		b.fail = errors.New("device lost")
+		b.mu.Unlock()
+		st, err := e.Submit(t.Context(), infer.Request{SessionID: "x", Prompt: "some words t1 more", MaxTokens: 3, Sampling: infer.Greedy()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := st.Collect(); err == nil || !strings.Contains(err.Error(), "device lost") {
+			t.Errorf("request in the failed batch: %v", err)
+		}
+		if _, _, cached := ask(t, e, "x", "some words t1 more", 3); cached != 0 {
+			t.Errorf("after a failed decode the conversation kept %d cached tokens", cached)
+		}
+	})
+}
