@@ -1,6 +1,7 @@
 package gossip
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -87,7 +88,34 @@ type Config struct {
 	// Observe, if set, is called with every membership event as it is recorded, from
 	// memberlist's goroutines: it must not block.
 	Observe func(Member)
+	// Schema is the application's format of the tags gossip carries for it. Required.
+	Schema Schema
+	// Protocol is the application's protocol versions this node speaks (serf's delegate
+	// versions: min, max, current), carried beside the tags for peers to read
+	// (Member.Protocol). Default zero: none said.
+	Protocol [3]uint8
+	// Rand orders seeds and dead members to re-join. Nil: a source seeded from the clock.
+	Rand *rand.Rand
 }
+
+// Schema is what gossip asks of the application about the tags it carries, opaque to it:
+// routing's Meta implements it.
+type Schema interface {
+	// Validate checks a member's tags, received from the network, before they can steer
+	// traffic; name is the member's gossip name (id#incarnation).
+	Validate(name string, tags []byte) error
+	// Leaving reports whether a member's tags say it is leaving: memberlist's leave
+	// callback does not tell a leave from a death.
+	Leaving(tags []byte) bool
+	// Leave is this node's tags as it announces its leave.
+	Leave(tags []byte) []byte
+	// Urgent reports whether a change of this node's tags from sent to next must go out
+	// within MetaInterval at any size, rather than at the pace LoadUpdates allows.
+	Urgent(sent, next []byte) bool
+}
+
+// MaxTags is the most bytes of tags a node may carry: memberlist's metadata limit.
+const MaxTags = memberlist.MetaMaxSize
 
 // DefaultConfig returns gossip settings for a LAN.
 func DefaultConfig() Config {
@@ -130,6 +158,9 @@ func (c Config) Validate() error {
 	if c.ID == "" {
 		errs = append(errs, errors.New("gossip: node id is required"))
 	}
+	if c.Schema == nil {
+		errs = append(errs, errors.New("gossip: the schema of the tags is required"))
+	}
 	for _, k := range append([][]byte{c.Key}, c.ExtraKeys...) {
 		if n := len(k); n != 0 && n != 16 && n != 24 && n != 32 {
 			errs = append(errs, fmt.Errorf("gossip: keys must be 16, 24 or 32 bytes, got %d", n))
@@ -165,10 +196,14 @@ const (
 type Member struct {
 	Name  string // memberlist name: id#incarnation
 	Addr  string // gossip host:port
-	Meta  Meta
+	Tags  []byte // the application's, opaque here (see Schema)
 	State State
-	// Invalid says why the member's metadata was refused (empty when it is valid). Such a
-	// member is listed, so operators can see it, but must never receive traffic.
+	// Protocol is the member's application protocol versions: min, max, current (see
+	// Config.Protocol).
+	Protocol [3]uint8
+	// Invalid says why the member's tags were refused by Schema.Validate (empty when they
+	// are valid). Such a member is listed, so operators can see it, but must never receive
+	// traffic.
 	Invalid string
 	since   time.Time // when State last changed
 }
@@ -179,9 +214,11 @@ type Gossip struct {
 	log  *slog.Logger
 	name string
 
+	rng *rand.Rand // Run's goroutine only
+
 	mu      sync.Mutex
-	meta    Meta
-	sent    Meta // meta as last gossiped; guarded by mu
+	tags    []byte
+	sent    []byte // tags as last gossiped; guarded by mu
 	members map[string]Member
 	addr    string // advertised gossip address, set once Run has started memberlist
 	joined  bool
@@ -189,12 +226,12 @@ type Gossip struct {
 	changes chan struct{}
 }
 
-// New validates cfg. It starts nothing: Run does.
-func New(cfg Config, meta Meta) (*Gossip, error) {
+// New validates cfg and this node's first tags. It starts nothing: Run does.
+func New(cfg Config, tags []byte) (*Gossip, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if _, err := meta.Encode(); err != nil {
+	if err := checkTags(tags); err != nil {
 		return nil, err
 	}
 	if cfg.Incarnation == "" {
@@ -204,10 +241,22 @@ func New(cfg Config, meta Meta) (*Gossip, error) {
 	if log == nil {
 		log = slog.Default()
 	}
+	rng := cfg.Rand
+	if rng == nil {
+		seed := uint64(time.Now().UnixNano())
+		rng = rand.New(rand.NewPCG(seed, seed>>32|1))
+	}
 	return &Gossip{
-		cfg: cfg, log: log.With("component", "gossip"), name: cfg.ID + "#" + cfg.Incarnation,
-		meta: meta, sent: meta, members: map[string]Member{}, changes: make(chan struct{}, 1),
+		cfg: cfg, log: log.With("component", "gossip"), name: cfg.ID + "#" + cfg.Incarnation, rng: rng,
+		tags: tags, sent: tags, members: map[string]Member{}, changes: make(chan struct{}, 1),
 	}, nil
+}
+
+func checkTags(tags []byte) error {
+	if len(tags) > MaxTags {
+		return fmt.Errorf("gossip metadata is %d bytes, over memberlist's %d (shorten the id or address)", len(tags), MaxTags)
+	}
+	return nil
 }
 
 // Name is this node's memberlist name.
@@ -243,15 +292,15 @@ func (g *Gossip) Addr() string {
 	return g.addr
 }
 
-// SetMeta replaces this node's metadata; Run gossips it within MetaInterval, or for a
-// change of load alone as LoadUpdates allows.
-func (g *Gossip) SetMeta(m Meta) error {
-	if _, err := m.Encode(); err != nil {
+// SetTags replaces this node's tags; Run gossips them within MetaInterval, or for a
+// change that is not urgent (Schema.Urgent) as LoadUpdates allows.
+func (g *Gossip) SetTags(tags []byte) error {
+	if err := checkTags(tags); err != nil {
 		return err
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.meta = m
+	g.tags = slices.Clone(tags)
 	return nil
 }
 
@@ -276,6 +325,7 @@ func (g *Gossip) Run(ctx context.Context) error {
 		mc.Transport = g.cfg.Transport
 	}
 	mc.EnableCompression = !g.cfg.DisableCompression
+	mc.DelegateProtocolMin, mc.DelegateProtocolMax, mc.DelegateProtocolVersion = g.cfg.Protocol[0], g.cfg.Protocol[1], g.cfg.Protocol[2]
 	mc.Delegate = delegate{g}
 	mc.Events = events{g}
 	mc.Logger = slog.NewLogLogger(g.log.Handler(), slog.LevelDebug)
@@ -298,7 +348,7 @@ func (g *Gossip) Run(ctx context.Context) error {
 		// Announce the leave in metadata first: memberlist's leave callback does not say
 		// whether a node left or died.
 		g.mu.Lock()
-		g.meta.Leaving = true
+		g.tags = g.cfg.Schema.Leave(g.tags)
 		g.mu.Unlock()
 		if err := ml.UpdateNode(500 * time.Millisecond); err != nil {
 			g.log.Debug("leave announcement failed", "err", err)
@@ -342,7 +392,7 @@ func (g *Gossip) Run(ctx context.Context) error {
 		g.mu.Lock()
 		push := g.due(now.Sub(lastMeta), members)
 		if push {
-			g.sent = g.meta
+			g.sent = g.tags
 		}
 		g.mu.Unlock()
 		if push {
@@ -350,7 +400,7 @@ func (g *Gossip) Run(ctx context.Context) error {
 			if err := ml.UpdateNode(time.Second); err != nil {
 				g.log.Warn("metadata update not confirmed; sending it again", "err", err)
 				g.mu.Lock()
-				g.sent = Meta{} // due again after MetaInterval
+				g.sent = nil // due again after MetaInterval
 				g.mu.Unlock()
 			}
 		}
@@ -430,21 +480,21 @@ func (g *Gossip) joinTargets(ctx context.Context, members int) []string {
 		g.joined = true
 		g.mu.Unlock()
 	}
-	rand.Shuffle(len(seeds), func(i, j int) { seeds[i], seeds[j] = seeds[j], seeds[i] })
+	g.rng.Shuffle(len(seeds), func(i, j int) { seeds[i], seeds[j] = seeds[j], seeds[i] })
 	if !joined {
 		return seeds[:min(joinFanout, len(seeds))]
 	}
-	rand.Shuffle(len(dead), func(i, j int) { dead[i], dead[j] = dead[j], dead[i] })
+	g.rng.Shuffle(len(dead), func(i, j int) { dead[i], dead[j] = dead[j], dead[i] })
 	return append(seeds[:min(1, len(seeds))], dead[:min(joinFanout-1, len(dead))]...)
 }
 
-// due reports whether this node's metadata should be gossiped now, since after last
-// went out, in a cluster of members. Callers hold mu.
+// due reports whether this node's tags should be gossiped now, since after last went
+// out, in a cluster of members. Callers hold mu.
 func (g *Gossip) due(since time.Duration, members int) bool {
 	switch {
-	case since < g.cfg.MetaInterval || g.meta.same(g.sent):
+	case since < g.cfg.MetaInterval || bytes.Equal(g.tags, g.sent):
 		return false
-	case !g.meta.withoutLoad().same(g.sent.withoutLoad()) || g.meta.Full() != g.sent.Full():
+	case g.cfg.Schema.Urgent(g.sent, g.tags):
 		return true
 	}
 	return since.Seconds() >= float64(members)/g.cfg.LoadUpdates
@@ -471,12 +521,9 @@ func (g *Gossip) prune(now time.Time) {
 // record stores what memberlist says about a node. Called from memberlist's goroutines:
 // it must not block.
 func (g *Gossip) record(n *memberlist.Node, st State) {
-	meta, err := DecodeMeta(n.Meta)
-	if err == nil {
-		err = meta.Validate(n.Name)
-	}
-	m := Member{Name: n.Name, Addr: net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port))), Meta: meta, State: st,
-		since: time.Now()}
+	err := g.cfg.Schema.Validate(n.Name, n.Meta)
+	m := Member{Name: n.Name, Addr: net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port))), Tags: slices.Clone(n.Meta),
+		State: st, Protocol: [3]uint8{n.DMin, n.DMax, n.DCur}, since: time.Now()}
 	if err != nil {
 		m.Invalid = err.Error()
 	}
@@ -490,7 +537,7 @@ func (g *Gossip) record(n *memberlist.Node, st State) {
 	if err != nil && (!seen || prev.Invalid != m.Invalid) {
 		g.log.Warn("refused metadata from peer", "name", n.Name, "addr", m.Addr, "err", err)
 	}
-	g.log.Debug("member", "name", n.Name, "state", st, "ready", meta.Ready)
+	g.log.Debug("member", "name", n.Name, "state", st)
 	if g.cfg.Observe != nil {
 		g.cfg.Observe(m)
 	}
@@ -502,13 +549,11 @@ type delegate struct{ g *Gossip }
 
 func (d delegate) NodeMeta(limit int) []byte {
 	d.g.mu.Lock()
-	m := d.g.meta
-	d.g.mu.Unlock()
-	b, err := m.Encode()
-	if err != nil || len(b) > limit {
-		return nil // SetMeta refuses metadata that does not fit; this cannot happen
+	defer d.g.mu.Unlock()
+	if len(d.g.tags) > limit {
+		return nil // SetTags refuses tags that do not fit; this cannot happen
 	}
-	return b
+	return d.g.tags
 }
 func (delegate) NotifyMsg([]byte)                           {}
 func (delegate) GetBroadcasts(overhead, limit int) [][]byte { return nil }
@@ -522,7 +567,7 @@ func (e events) NotifyJoin(n *memberlist.Node)   { e.g.record(n, Alive) }
 func (e events) NotifyUpdate(n *memberlist.Node) { e.g.record(n, Alive) }
 func (e events) NotifyLeave(n *memberlist.Node) {
 	st := Dead
-	if meta, err := DecodeMeta(n.Meta); err == nil && meta.Leaving {
+	if e.g.cfg.Schema.Leaving(n.Meta) {
 		st = Left
 	}
 	e.g.record(n, st)

@@ -2,6 +2,8 @@ package gossip
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"log/slog"
 	"net"
 	"slices"
@@ -14,9 +16,57 @@ import (
 	"github.com/infernode/infernode/internal/poll"
 )
 
+// testMeta is a schema of tags for these tests, as an application (routing) has one.
+type testMeta struct {
+	ID       string `json:"id"`
+	HTTPAddr string `json:"http,omitempty"`
+	Ready    bool   `json:"ready,omitempty"`
+	Running  int    `json:"run,omitempty"`
+	Waiting  int    `json:"wait,omitempty"`
+	QueueCap int    `json:"qcap,omitempty"`
+	Leaving  bool   `json:"leaving,omitempty"`
+}
+
+func (m testMeta) tags() []byte {
+	b, _ := json.Marshal(m)
+	return b
+}
+
+func decode(b []byte) testMeta {
+	var m testMeta
+	json.Unmarshal(b, &m)
+	return m
+}
+
+type testSchema struct{}
+
+func (testSchema) Validate(name string, tags []byte) error {
+	if id, _, _ := strings.Cut(name, "#"); decode(tags).ID != id {
+		return fmt.Errorf("id %q does not match member name %q", decode(tags).ID, name)
+	}
+	return nil
+}
+func (testSchema) Leaving(tags []byte) bool { return decode(tags).Leaving }
+func (testSchema) Leave(tags []byte) []byte {
+	m := decode(tags)
+	m.Leaving = true
+	return m.tags()
+}
+func (testSchema) Urgent(sent, next []byte) bool {
+	a, b := decode(sent), decode(next)
+	full := func(m testMeta) bool { return m.QueueCap > 0 && m.Waiting >= m.QueueCap }
+	return a.Ready != b.Ready || a.Leaving != b.Leaving || full(a) != full(b)
+}
+
+func testConfig() Config {
+	cfg := DefaultConfig()
+	cfg.Schema = testSchema{}
+	return cfg
+}
+
 func start(t *testing.T, id string, join []string, key []byte) (*Gossip, context.CancelFunc) {
 	t.Helper()
-	cfg := DefaultConfig()
+	cfg := testConfig()
 	cfg.ID, cfg.BindAddr, cfg.BindPort, cfg.Join, cfg.Key = id, "127.0.0.1", 0, join, key
 	return startWith(t, cfg)
 }
@@ -25,7 +75,7 @@ func startWith(t *testing.T, cfg Config) (*Gossip, context.CancelFunc) {
 	t.Helper()
 	id := cfg.ID
 	cfg.Logger = slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
-	g, err := New(cfg, Meta{ID: id, HTTPAddr: "127.0.0.1:1", Fingerprint: "fp"})
+	g, err := New(cfg, testMeta{ID: id, HTTPAddr: "127.0.0.1:1"}.tags())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,7 +101,7 @@ func startWith(t *testing.T, cfg Config) (*Gossip, context.CancelFunc) {
 func states(g *Gossip) map[string]Member {
 	out := map[string]Member{}
 	for _, m := range g.Members() {
-		out[m.Meta.ID] = m
+		out[decode(m.Tags).ID] = m
 	}
 	return out
 }
@@ -70,19 +120,19 @@ func TestMembership(t *testing.T) {
 	if !strings.HasPrefix(b.Name(), "b#") || !b.Joined() {
 		t.Errorf("name %q joined %v", b.Name(), b.Joined())
 	}
-	if err := b.SetMeta(Meta{ID: "b", HTTPAddr: "127.0.0.1:1", Fingerprint: "fp", Ready: true, Running: 3}); err != nil {
+	if err := b.SetTags(testMeta{ID: "b", HTTPAddr: "127.0.0.1:1", Ready: true, Running: 3}.tags()); err != nil {
 		t.Fatal(err)
 	}
-	poll.Until(t, 15*time.Second, "a sees b's new metadata", func() bool { m := states(a)["b"].Meta; return m.Ready && m.Running == 3 })
+	poll.Until(t, 15*time.Second, "a sees b's new metadata", func() bool { m := decode(states(a)["b"].Tags); return m.Ready && m.Running == 3 })
 	stopB()
 	poll.Until(t, 15*time.Second, "a sees b leave", func() bool { return states(a)["b"].State == Left })
 	poll.Until(t, 15*time.Second, "c sees b leave", func() bool { return states(c)["b"].State == Left })
 
 	// A node with another key cannot join.
-	cfg := DefaultConfig()
+	cfg := testConfig()
 	cfg.ID, cfg.BindAddr, cfg.BindPort, cfg.Join = "x", "127.0.0.1", 0, []string{a.Addr()}
 	cfg.Key = []byte("fedcba9876543210")
-	x, _ := New(cfg, Meta{ID: "x"})
+	x, _ := New(cfg, testMeta{ID: "x"}.tags())
 	ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
 	defer cancel()
 	x.Run(ctx)
@@ -91,48 +141,18 @@ func TestMembership(t *testing.T) {
 	}
 }
 
-func TestMetaLimit(t *testing.T) {
-	if _, err := New(DefaultConfig(), Meta{ID: "a", HTTPAddr: strings.Repeat("h", 600)}); err == nil {
-		t.Error("New accepted metadata over 512 bytes")
+func TestTagsLimit(t *testing.T) {
+	if _, err := New(testConfig(), make([]byte, MaxTags+1)); err == nil {
+		t.Error("New accepted tags over 512 bytes")
 	}
-	cfg := DefaultConfig()
+	cfg := testConfig()
 	cfg.ID = "a"
-	g, err := New(cfg, Meta{ID: "a"})
+	g, err := New(cfg, testMeta{ID: "a"}.tags())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := g.SetMeta(Meta{ID: strings.Repeat("i", 600)}); err == nil {
-		t.Error("SetMeta accepted metadata over 512 bytes")
-	}
-	if b, _ := (Meta{ID: "node-with-a-long-name-0001", HTTPAddr: "255.255.255.255:65535", Fingerprint: strings.Repeat("f", 16),
-		Ready: true, Running: 256, Waiting: 1024, FreeKV: 1 << 20, QueueCap: 1024}).Encode(); len(b) > 200 {
-		t.Errorf("typical metadata is %d bytes", len(b))
-	}
-}
-
-func TestMetaValidate(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		meta Meta
-		ok   bool
-	}{
-		{"a#1", Meta{ID: "a", HTTPAddr: "127.0.0.1:8080"}, true},
-		{"a#1", Meta{ID: "a", HTTPAddr: "node-a.example:80"}, true},
-		{"a#1", Meta{ID: "a", HTTPAddr: "[::1]:8080"}, true},
-		{"a#1", Meta{ID: "b", HTTPAddr: "127.0.0.1:8080"}, false}, // claims another id
-		{"a", Meta{ID: "a", HTTPAddr: "127.0.0.1:8080"}, false},   // name without incarnation
-		{"a#1", Meta{ID: "", HTTPAddr: "127.0.0.1:8080"}, false},
-		{"a#1", Meta{ID: "a", HTTPAddr: "10.0.0.5:80/admin?x="}, false},
-		{"a#1", Meta{ID: "a", HTTPAddr: "user@10.0.0.5:80"}, false},
-		{"a#1", Meta{ID: "a", HTTPAddr: "http://10.0.0.5:80"}, false},
-		{"a#1", Meta{ID: "a", HTTPAddr: "10.0.0.5"}, false},
-		{"a#1", Meta{ID: "a", HTTPAddr: "10.0.0.5:0"}, false},
-		{"a#1", Meta{ID: "a", HTTPAddr: "10.0.0.5:080"}, false},
-		{"a#1", Meta{ID: "a", HTTPAddr: ":80"}, false},
-	} {
-		if err := tc.meta.Validate(tc.name); (err == nil) != tc.ok {
-			t.Errorf("Meta{ID: %q, HTTPAddr: %q}.Validate(%q) = %v, want ok %v", tc.meta.ID, tc.meta.HTTPAddr, tc.name, err, tc.ok)
-		}
+	if err := g.SetTags(make([]byte, MaxTags+1)); err == nil {
+		t.Error("SetTags accepted tags over 512 bytes")
 	}
 }
 
@@ -140,9 +160,9 @@ func TestMetaValidate(t *testing.T) {
 // so the node never routes to it; dead members are forgotten after ForgetAfter.
 func TestInvalidMetaAndPruning(t *testing.T) {
 	a, _ := start(t, "a", nil, nil)
-	cfg := DefaultConfig()
+	cfg := testConfig()
 	cfg.ID, cfg.BindAddr, cfg.BindPort, cfg.Join = "liar", "127.0.0.1", 0, []string{a.Addr()}
-	liar, err := New(cfg, Meta{ID: "a", HTTPAddr: "10.0.0.5:80/admin?x="})
+	liar, err := New(cfg, testMeta{ID: "a"}.tags())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,22 +204,22 @@ func TestInvalidMetaAndPruning(t *testing.T) {
 // (and never sooner than MetaInterval); readiness, a full queue or leaving go out within
 // MetaInterval at any size.
 func TestMetaDue(t *testing.T) {
-	cfg := DefaultConfig()
+	cfg := testConfig()
 	cfg.ID = "a"
-	base := Meta{ID: "a", HTTPAddr: "h:1", Ready: true, QueueCap: 4, Running: 1}
-	g, err := New(cfg, base)
+	base := testMeta{ID: "a", HTTPAddr: "h:1", Ready: true, QueueCap: 4, Running: 1}
+	g, err := New(cfg, base.tags())
 	if err != nil {
 		t.Fatal(err)
 	}
 	loaded := base
-	loaded.Running, loaded.FreeKV = 3, 100
+	loaded.Running = 3
 	full := loaded
 	full.Waiting = 4
 	unready := base
 	unready.Ready = false
 	for _, tc := range []struct {
 		name    string
-		meta    Meta
+		meta    testMeta
 		since   time.Duration
 		members int
 		want    bool
@@ -213,7 +233,7 @@ func TestMetaDue(t *testing.T) {
 		{"not ready, 1,000 members", unready, cfg.MetaInterval, 1000, true},
 		{"not ready, before MetaInterval", unready, cfg.MetaInterval / 2, 3, false},
 	} {
-		g.meta = tc.meta
+		g.tags = tc.meta.tags()
 		if got := g.due(tc.since, tc.members); got != tc.want {
 			t.Errorf("%s: due = %v, want %v", tc.name, got, tc.want)
 		}
@@ -237,7 +257,7 @@ func TestJoinByName(t *testing.T) {
 		return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
 	}
 	node := func(id, ip, seed string) *Gossip {
-		cfg := DefaultConfig()
+		cfg := testConfig()
 		cfg.ID, cfg.BindAddr, cfg.Join, cfg.LookupHost = id, ip, []string{net.JoinHostPort(seed, port)}, lookup
 		cfg.BindPort, _ = strconv.Atoi(port)
 		g, _ := startWith(t, cfg)

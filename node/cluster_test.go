@@ -102,11 +102,12 @@ func startFakeCluster(t testing.TB, n int, secret []byte) []fakeNode {
 			t.Fatal(err)
 		}
 		gc := gossip.DefaultConfig()
-		gc.ID, gc.BindAddr, gc.BindPort, gc.Logger = id, "127.0.0.1", 0, log
+		gc.ID, gc.BindAddr, gc.BindPort, gc.Logger, gc.Schema = id, "127.0.0.1", 0, log, routing.Schema
 		if seed != "" {
 			gc.Join = []string{seed}
 		}
-		g, err := gossip.New(gc, gossip.Meta{ID: id, HTTPAddr: ln.Addr().String(), Fingerprint: "fake"})
+		tags, _ := routing.Meta{ID: id, HTTPAddr: ln.Addr().String(), Fingerprint: "fake"}.Encode()
+		g, err := gossip.New(gc, tags)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -338,8 +338,12 @@ func newCluster(opts options, ln net.Listener, local *session.Handle, log *slog.
 	}
 	rc.Self, rc.Fingerprint, rc.Model, rc.Logger = opts.node.ID, fp, opts.node.ModelName, log
 	rc.DefaultMaxTokens, rc.QueueCap = opts.engine.DefaultMaxTokens, opts.engine.MaxQueue
-	gc.ID, gc.Logger = opts.node.ID, log
-	g, err := gossip.New(gc, gossip.Meta{ID: rc.Self, HTTPAddr: rc.HTTPAddr, Fingerprint: fp, Hop: hop.Versions})
+	gc.ID, gc.Logger, gc.Schema = opts.node.ID, log, routing.Schema
+	tags, err := routing.Meta{ID: rc.Self, HTTPAddr: rc.HTTPAddr, Fingerprint: fp, Hop: hop.Versions}.Encode()
+	if err != nil {
+		return nil, nil, err
+	}
+	g, err := gossip.New(gc, tags)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -32,6 +32,7 @@ import (
 	"github.com/infernode/infernode/gossip"
 	"github.com/infernode/infernode/internal/poll"
 	"github.com/infernode/infernode/internal/simnet"
+	"github.com/infernode/infernode/node/routing"
 )
 
 func main() {
@@ -188,7 +189,7 @@ func simulate(n int, window time.Duration, ramp, k float64, wan, compress bool) 
 			&cfg.MetaInterval, &cfg.RejoinInterval, &cfg.ForgetAfter} {
 			*x = d(*x)
 		}
-		cfg.ID, cfg.Transport, cfg.Key, cfg.Logger = m.id, t, key, quiet
+		cfg.ID, cfg.Transport, cfg.Key, cfg.Logger, cfg.Schema = m.id, t, key, quiet, routing.Schema
 		cfg.DisableCompression = !compress
 		if i == 0 && os.Getenv("SCALESIM_LOG") != "" {
 			cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -268,7 +269,7 @@ func simulate(n int, window time.Duration, ramp, k float64, wan, compress bool) 
 	cpu := float64((cpuTime() - cpu0).Microseconds()) / 1000 / (d(10*time.Second).Seconds() / k) / float64(n)
 	churn := k * bandwidth(s, d(10*time.Second), d(500*time.Millisecond), func(round int) {
 		for i, m := range s.members {
-			m.g.SetMeta(meta(m.id, m.t.Addr(), round*7+i)) // cannot fail: the same fields as New accepted
+			m.g.SetTags(meta(m.id, m.t.Addr(), round*7+i)) // cannot fail: the same fields as New accepted
 		}
 	})
 
@@ -370,11 +371,16 @@ func cpuTime() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// meta is the metadata a ready infernode node gossips, with load as set by round.
-func meta(id, addr string, round int) gossip.Meta {
+// meta is the metadata a ready infernode node gossips (routing's), with load as set by
+// round.
+func meta(id, addr string, round int) []byte {
 	host, _, _ := strings.Cut(addr, ":")
-	return gossip.Meta{ID: id, HTTPAddr: host + ":8080", Fingerprint: "6f1c2a9e4b7d3c10", Ready: true, Hop: []int{1},
-		Running: round % 8, Waiting: round % 5, FreeKV: 65536 - round%4096, QueueCap: 64, Prefill: 240 + round%30}
+	b, err := routing.Meta{ID: id, HTTPAddr: host + ":8080", Fingerprint: "6f1c2a9e4b7d3c10", Ready: true, Hop: []int{1},
+		Running: round % 8, Waiting: round % 5, FreeKV: 65536 - round%4096, QueueCap: 64, Prefill: 240 + round%30}.Encode()
+	if err != nil {
+		panic(err) // short ids and addresses: far within the limit
+	}
+	return b
 }
 
 // bandwidth is the mean bytes a second each member sent over d, with change (if set)

@@ -26,38 +26,48 @@ import (
 // an in-memory network of peers (each a real receiving Router in front of a scripted
 // engine), all driven synchronously by the test.
 
-// fakeMembers is a gossip membership the test writes.
+// fakeMembers is a gossip membership the test writes, as members with their Meta; it
+// hands them to the router as gossip does, tags encoded and validated by the Schema.
 type fakeMembers struct {
 	mu      sync.Mutex
-	members []gossip.Member
-	meta    gossip.Meta
+	members []member
+	tags    []byte
 	changes chan struct{}
 }
 
 func (f *fakeMembers) Members() []gossip.Member {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return slices.Clone(f.members)
+	var out []gossip.Member
+	for _, m := range f.members {
+		g := m.Member
+		g.Tags, _ = m.Meta.Encode()
+		if err := Schema.Validate(g.Name, g.Tags); err != nil {
+			g.Invalid = err.Error()
+		}
+		out = append(out, g)
+	}
+	return out
 }
 func (f *fakeMembers) Changes() <-chan struct{} { return f.changes }
-func (f *fakeMembers) SetMeta(m gossip.Meta) error {
+func (f *fakeMembers) SetTags(tags []byte) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.meta = m
+	f.tags = tags
 	return nil
 }
 func (f *fakeMembers) Joined() bool { return true }
 func (f *fakeMembers) Addr() string { return "gossip:1" }
-func (f *fakeMembers) set(ms ...gossip.Member) {
+func (f *fakeMembers) set(ms ...member) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.members = ms
 }
 
-// member is a live, ready, compatible peer.
-func member(id string) gossip.Member {
-	return gossip.Member{Name: id + "#1", Addr: id + ":7946", State: gossip.Alive,
-		Meta: gossip.Meta{ID: id, HTTPAddr: id + ":80", Fingerprint: "fp", Ready: true, Hop: []int{hop.Major}}}
+// peerMember is a live, ready, compatible peer.
+func peerMember(id string) member {
+	return member{Member: gossip.Member{Name: id + "#1", Addr: id + ":7946", State: gossip.Alive},
+		Meta: Meta{ID: id, HTTPAddr: id + ":80", Fingerprint: "fp", Ready: true, Hop: []int{hop.Major}}}
 }
 
 // fakeClock moves only when Advance is called.
@@ -449,7 +459,7 @@ func testConfig(id string, clock *fakeClock, transport http.RoundTripper) Config
 func newCluster(t *testing.T, peerIDs ...string) *cluster {
 	c := &cluster{t: t, clock: newFakeClock(), net: &memNet{peers: map[string]http.Handler{}},
 		members: &fakeMembers{changes: make(chan struct{}, 1)}, local: newFakeEngine(), peers: map[string]*peer{}}
-	var ms []gossip.Member
+	var ms []member
 	for _, id := range peerIDs {
 		r, err := New(testConfig(id, c.clock, c.net), &fakeMembers{changes: make(chan struct{}, 1)}, nil)
 		if err != nil {
@@ -458,7 +468,7 @@ func newCluster(t *testing.T, peerIDs ...string) *cluster {
 		p := &peer{id: id, router: r, engine: newFakeEngine()}
 		c.peers[id] = p
 		c.net.add(id+":80", http.HandlerFunc(p.serveHop))
-		ms = append(ms, member(id))
+		ms = append(ms, peerMember(id))
 	}
 	c.members.set(ms...)
 	entry, err := New(testConfig("a", c.clock, c.net), c.members, c.local)
@@ -513,4 +523,11 @@ func collect(st infer.Stream) (string, infer.Result) {
 
 func greedy(key, prompt string, maxTokens int) infer.Request {
 	return infer.Request{SessionID: key, Prompt: prompt, MaxTokens: maxTokens, Sampling: infer.Greedy()}
+}
+
+// list is a copy of the members as the test wrote them.
+func (f *fakeMembers) list() []member {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.members)
 }

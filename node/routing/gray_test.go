@@ -56,7 +56,7 @@ func TestGrayFailure(t *testing.T) {
 	if a.v.degraded["d"] {
 		t.Fatal("d degraded on this node's word alone")
 	}
-	ms := c.members.Members()
+	ms := c.members.list()
 	for i := range ms {
 		if ms[i].Meta.ID == "b" {
 			ms[i].Meta.Slow = []string{"d"}

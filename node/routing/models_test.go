@@ -12,7 +12,7 @@ import (
 
 // otherModel moves peers ids of c to model m2 (fingerprint fp2) and lets the entry see it.
 func (c *cluster) otherModel(ids ...string) {
-	ms := c.members.Members()
+	ms := c.members.list()
 	for i := range ms {
 		if slices.Contains(ids, ms[i].Meta.ID) {
 			ms[i].Meta.Fingerprint, ms[i].Meta.Model = "fp2", "m2"

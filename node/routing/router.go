@@ -22,8 +22,8 @@ type Membership interface {
 	Members() []gossip.Member
 	// Changes signals (coalesced) that Members may have changed.
 	Changes() <-chan struct{}
-	// SetMeta replaces this node's gossiped metadata.
-	SetMeta(gossip.Meta) error
+	// SetTags replaces this node's gossiped tags (its Meta, encoded).
+	SetTags([]byte) error
 	// Joined reports whether this node has joined its cluster.
 	Joined() bool
 	// Addr is this node's gossip address.
@@ -172,11 +172,14 @@ func (r *Router) Run(ctx context.Context) error {
 func (r *Router) Publish() {
 	ready, _ := r.Ready()
 	st := r.local.Stats()
-	err := r.v.gossip.SetMeta(gossip.Meta{
+	tags, err := (Meta{
 		ID: r.cfg.Self, HTTPAddr: r.cfg.HTTPAddr, Fingerprint: r.cfg.Fingerprint, Model: r.cfg.Model, Ready: ready, Hop: hop.Versions,
 		Running: st.Running, Waiting: st.Waiting, FreeKV: st.KVCells - st.KVUsed, QueueCap: r.cfg.QueueCap,
 		Prefill: int(st.PrefillRate), Decode: int(r.v.rate.update(r.clock.Now(), st.Generated)), Slow: r.v.speed.slow(),
-	})
+	}).Encode()
+	if err == nil {
+		err = r.v.gossip.SetTags(tags)
+	}
 	if err != nil {
 		r.log.Error("cannot gossip metadata", "err", err)
 	}

@@ -141,7 +141,7 @@ func TestSpillLeastLoaded(t *testing.T) {
 	key := c.keyOwnedBy("b")
 	cands := c.entry.v.candidates("", key)
 	second, third := cands[1].id, cands[2].id
-	members := []gossip.Member{member("b"), member("c"), member("d")}
+	members := []member{peerMember("b"), peerMember("c"), peerMember("d")}
 	for i := range members {
 		if members[i].Meta.ID == second {
 			members[i].Meta.Running, members[i].Meta.Waiting = 8, 5
@@ -295,9 +295,9 @@ func TestLeavingPeer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	leaving := member("b")
+	leaving := peerMember("b")
 	leaving.Meta.Leaving = true
-	c.members.set(leaving, member("c"))
+	c.members.set(leaving, peerMember("c"))
 	c.entry.v.Sync()
 	if c.onRing("b") {
 		t.Fatal("a leaving peer is still on the ring")
@@ -328,9 +328,9 @@ func TestDeadPeerCancelsForwards(t *testing.T) {
 		t.Fatal(err)
 	}
 	first, _ := st.Recv()
-	dead := member("b")
+	dead := peerMember("b")
 	dead.State = gossip.Dead
-	c.members.set(dead, member("c"))
+	c.members.set(dead, peerMember("c"))
 	c.entry.v.Sync()
 	rest, res := collect(st)
 	if res.Err != nil || first+rest != uninterrupted(10) {
@@ -346,15 +346,15 @@ func TestDeadPeerCancelsForwards(t *testing.T) {
 // claiming one id, the first keeps it.
 func TestEligibility(t *testing.T) {
 	c := newCluster(t, "b")
-	newer := member("c")
+	newer := peerMember("c")
 	newer.Meta.Hop = []int{2}
-	other := member("d")
+	other := peerMember("d")
 	other.Meta.Fingerprint = "another-model"
-	invalid := member("e")
+	invalid := peerMember("e")
 	invalid.Invalid = "metadata id does not match"
-	impostor := member("b") // an earlier-looking incarnation, seen later
+	impostor := peerMember("b") // an earlier-looking incarnation, seen later
 	impostor.Name, impostor.Meta.HTTPAddr = "b#0", "evil:80"
-	c.members.set(member("b"), impostor, newer, other, invalid)
+	c.members.set(peerMember("b"), impostor, newer, other, invalid)
 	c.entry.v.Sync()
 	for range 3 {
 		c.entry.v.ProbeAll(t.Context())
@@ -376,7 +376,7 @@ func TestEligibility(t *testing.T) {
 		t.Error("a member with invalid metadata is in the view's ring candidates")
 	}
 	// Once the holder is dead, a restarted incarnation takes the id over.
-	old, restarted := member("b"), member("b")
+	old, restarted := peerMember("b"), peerMember("b")
 	old.State, restarted.Name = gossip.Dead, "b#2"
 	c.members.set(old, restarted)
 	c.entry.v.Sync()
@@ -426,7 +426,7 @@ func TestJoiningNodeSettles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	members.set(member("b"))
+	members.set(peerMember("b"))
 	r.v.Sync()
 	if ok, why := r.Ready(); ok {
 		t.Fatal("ready before its first checks of b")
@@ -439,7 +439,7 @@ func TestJoiningNodeSettles(t *testing.T) {
 	if ok, why := r.Ready(); !ok {
 		t.Fatalf("b on the ring %v, still not ready: %s", r.v.table.Ring().Members(), why)
 	}
-	members.set(member("b"), member("c"))
+	members.set(peerMember("b"), peerMember("c"))
 	r.v.Sync()
 	if ok, why := r.Ready(); !ok {
 		t.Fatalf("unready again when c appeared: %s", why)
@@ -459,10 +459,10 @@ type big struct {
 func newBig(tb testing.TB, n int) *big {
 	clock, mn := newFakeClock(), &memNet{peers: map[string]http.Handler{}}
 	c := &big{members: &fakeMembers{changes: make(chan struct{}, 1)}, hits: map[string]int{}, failing: map[string]bool{}}
-	ms := make([]gossip.Member, n)
+	ms := make([]member, n)
 	for i := range ms {
 		id := fmt.Sprintf("p%04d", i)
-		ms[i] = member(id)
+		ms[i] = peerMember(id)
 		mn.add(id+":80", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 			c.mu.Lock()
 			defer c.mu.Unlock()
@@ -555,7 +555,7 @@ func BenchmarkClusterOf1000(b *testing.B) {
 		c.r.Publish()
 		c.r.v.ProbeAll(b.Context())
 	}
-	ms := c.members.Members()
+	ms := c.members.list()
 	b.Run("sync", func(b *testing.B) {
 		i := 0
 		for b.Loop() {

@@ -35,7 +35,7 @@ type view struct {
 
 	mu      sync.Mutex
 	table   *ring.Table
-	members map[string]gossip.Member // by stable id: the live incarnation, else the newest
+	members map[string]member        // by stable id: the live incarnation, else the newest
 	holder  map[string]string        // id → the live member name that holds it
 	refused map[string]bool          // member names refused for claiming a live member's id (logged once)
 	down    map[string]chan struct{} // closed when the peer is declared down (see abandonDown)
@@ -63,7 +63,13 @@ const settleGrace = 10 * time.Second
 
 // serving reports whether a member is alive in gossip and not leaving: one that may serve
 // and be checked.
-func serving(m gossip.Member) bool { return m.State == gossip.Alive && !m.Meta.Leaving }
+func serving(m member) bool { return m.State == gossip.Alive && !m.Meta.Leaving }
+
+// member is a gossip member with its tags decoded.
+type member struct {
+	gossip.Member
+	Meta Meta
+}
 
 // candidate is a peer that may serve a key.
 type candidate struct {
@@ -77,7 +83,7 @@ func newView(cfg Config, log *slog.Logger, g Membership, local Engine, client *h
 	return &view{
 		cfg: cfg, log: log, gossip: g, local: local, client: client, clock: clock,
 		table:    ring.NewTable(cfg.Ring, cfg.Self),
-		members:  map[string]gossip.Member{},
+		members:  map[string]member{},
 		holder:   map[string]string{},
 		refused:  map[string]bool{},
 		down:     map[string]chan struct{}{},
@@ -108,7 +114,7 @@ func (v *view) settling() bool {
 // incompatible says why a peer cannot share this node's ring, or "" when it can: it
 // serves another model (it is on that model's ring), or speaks no hop this node does (it
 // is on no ring).
-func (v *view) incompatible(m gossip.Meta) string {
+func (v *view) incompatible(m Meta) string {
 	switch {
 	case !m.Speaks(hop.Major):
 		return "hop protocol"
@@ -121,7 +127,7 @@ func (v *view) incompatible(m gossip.Meta) string {
 // ringOf names the ring of the model a peer serves (see ring.Facts.Model): "" for this
 // node's model, else the peer's fingerprint, so that only nodes with the same weights and
 // KV layout share a ring.
-func (v *view) ringOf(m gossip.Meta) string {
+func (v *view) ringOf(m Meta) string {
 	if m.Fingerprint == v.cfg.Fingerprint {
 		return ""
 	}
@@ -161,13 +167,15 @@ func (v *view) Sync() {
 }
 
 // record folds gossip's members into the table (see Sync).
-func (v *view) record(members []gossip.Member) {
+func (v *view) record(gossiped []gossip.Member) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	byID := map[string]gossip.Member{}
+	byID := map[string]member{}
 	names := map[string]bool{}
-	var dup []gossip.Member
-	for _, m := range members {
+	var dup []member
+	for _, gm := range gossiped {
+		m := member{Member: gm}
+		m.Meta, _ = DecodeMeta(gm.Tags) // tags that do not decode are Invalid already
 		names[m.Name] = true
 		id := m.Meta.ID
 		if m.Invalid != "" || id == "" || id == v.cfg.Self {
