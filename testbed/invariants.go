@@ -128,7 +128,7 @@ func (c *Cluster) checkWarm(rep *Report) {
 }
 
 // flip is a span around a moment a node's view of the cluster marked member degraded or
-// restored it (see node/routing/gray.go).
+// restored it (see node/gray).
 type flip struct {
 	member   string
 	from, to time.Time

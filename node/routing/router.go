@@ -222,7 +222,7 @@ type MemberView struct {
 	RingShare   float64        `json:"ring_share"`             // of its model's ring
 	Load        map[string]int `json:"load"`
 	TokensPerS  int            `json:"tokens_per_second"` // generated lately
-	// Degraded: most of the cluster finds it slow (a gray failure; see gray.go). SlowHere:
+	// Degraded: most of the cluster finds it slow (a gray failure; see the gray package). SlowHere:
 	// this node does. ProbeMS: the moving average of this node's probes of it.
 	Degraded bool    `json:"degraded"`
 	SlowHere bool    `json:"slow_here,omitempty"`
