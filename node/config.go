@@ -19,9 +19,17 @@ type Config struct {
 	Listener net.Listener
 	// ModelName is the model id clients name in requests and /v1/models lists. Required.
 	ModelName string
-	// APIKey, if set, must be presented as "Authorization: Bearer KEY" on /v1/*.
+	// APIKey, if set, must be presented as "Authorization: Bearer KEY" on /v1/*: the key of
+	// the default tenant (see tenants.go).
 	APIKey string
-	// MetricsOpen serves /metrics without the API key (Prometheus scrapers often carry
+	// KeyFile, if set, holds further API keys, one "KEY TENANT" a line: each names its
+	// tenant. Server.ReloadKeys reads it again (cmd/infernode does on SIGHUP).
+	KeyFile string
+	// AdminKey, if set, is the operator's key: the only one /v1/cluster, /v1/events and
+	// /metrics accept. Without it they take the default tenant's key (APIKey), never a
+	// key file's.
+	AdminKey string
+	// MetricsOpen serves /metrics without a key (Prometheus scrapers often carry
 	// none). Health probes are always open: peers and orchestrators must reach them.
 	// Default false: with an API key set, /metrics requires it.
 	MetricsOpen bool

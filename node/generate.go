@@ -157,8 +157,13 @@ func (s *Server) parseCompletion(ctx *fasthttp.RequestCtx, chat bool) (*completi
 		}
 	}
 	req.Prompt, req.FollowUp = prompt, c.followUp
+	if len(p.CacheSalt) > maxSessionIDLen {
+		return nil, badRequest("cache_salt", "cache_salt is longer than %d bytes", maxSessionIDLen)
+	}
+	t, _ := s.client(ctx) // the route's guard let only a client in
+	req.Share = t.share(p.CacheSalt)
 	if req.SessionID, err = sessionKey(string(ctx.Request.Header.Peek("X-Session-ID")), p.SessionID, c.model,
-		principal(s.cfg.APIKey, p.User), opening); err != nil {
+		t.principal(s.cfg.APIKey, p.User), opening); err != nil {
 		return nil, err
 	}
 	if err := s.check(req); err != nil {

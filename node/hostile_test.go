@@ -106,3 +106,35 @@ func matchingLines(text, pattern string) string {
 	}
 	return strings.Join(out, "\n")
 }
+
+// TestHostileFields: a session id that is not valid UTF-8 (it would change on the hop, and
+// its owner would compute another key) and a chat of more messages than the engine's chat
+// binding takes are refused with 400, and the node goes on.
+func TestHostileFields(t *testing.T) {
+	url, _ := startStandalone(t, &fakeEngine{n: 1}, nil)
+	many := strings.Repeat(`{"role":"user","content":"x"},`, maxMessages)
+	for name, c := range map[string]struct{ body, header string }{
+		"session id in the body":   {body: `{"prompt":"hi","session_id":"a\xffb"}`},
+		"session id in the header": {body: `{"prompt":"hi"}`, header: "a\xffb"},
+		"too many messages":        {body: `{"messages":[` + many + `{"role":"user","content":"y"}]}`},
+	} {
+		path := "/v1/completions"
+		if strings.Contains(c.body, "messages") {
+			path = "/v1/chat/completions"
+		}
+		var resp *http.Response
+		if c.header != "" {
+			resp = postJSON(t, url+path, c.body, "X-Session-ID", c.header)
+		} else {
+			resp = postJSON(t, url+path, c.body)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 400 {
+			t.Errorf("%s: %d %s, want 400", name, resp.StatusCode, b)
+		}
+	}
+	if resp := postJSON(t, url+"/v1/completions", `{"prompt":"hi","session_id":"fine"}`); resp.StatusCode != 200 {
+		t.Errorf("after the hostile fields: %d", resp.StatusCode)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"strconv"
+	"unicode/utf8"
 
 	"github.com/cespare/xxhash/v2"
 
@@ -44,6 +45,11 @@ func sessionKey(header, bodyID, model, principal string, opening []string) (stri
 	if id != "" {
 		if len(id) > maxSessionIDLen {
 			return "", badRequest("session_id", "session id is longer than %d bytes", maxSessionIDLen)
+		}
+		if !utf8.ValidString(id) {
+			// It would cross the hop as U+FFFD (JSON), and the owner would compute
+			// another conversation's key.
+			return "", badRequest("session_id", "session id is not valid UTF-8")
 		}
 		return "s:" + principal + ":" + id, nil
 	}

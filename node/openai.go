@@ -35,6 +35,7 @@ type params struct {
 	StreamOptions       *streamOptions `json:"stream_options"`
 	User                string         `json:"user"`
 	SessionID           string         `json:"session_id"` // infernode extension: the conversation key
+	CacheSalt           string         `json:"cache_salt"` // vLLM's: share cached prefixes only with requests of the same salt
 
 	// Accepted only with values that change nothing.
 	Logprobs          *bool           `json:"logprobs"`
@@ -259,9 +260,16 @@ func (p *params) refuseUnsupported() error {
 }
 
 // chatMessages checks roles and content and returns the conversation for the template.
+// maxMessages bounds a chat's messages: far more than a context holds, and every one is
+// copied to C for the chat template.
+const maxMessages = 10000
+
 func (r *chatRequest) chatMessages() ([]infer.Message, error) {
 	if len(r.Messages) == 0 {
 		return nil, badRequest("messages", "messages must not be empty")
+	}
+	if len(r.Messages) > maxMessages {
+		return nil, badRequest("messages", "a chat may have at most %d messages, got %d", maxMessages, len(r.Messages))
 	}
 	out := make([]infer.Message, 0, len(r.Messages))
 	for i, m := range r.Messages {

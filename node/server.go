@@ -1,9 +1,7 @@
 package node
 
 import (
-	"bytes"
 	"context"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -44,7 +43,8 @@ type Server struct {
 	http    *fasthttp.Server
 	promh   fasthttp.RequestHandler
 	routes  map[string]route
-	slots   chan struct{} // one token per in-flight generation (MaxStreams)
+	slots   chan struct{}           // one token per in-flight generation (MaxStreams)
+	keys    atomic.Pointer[keyring] // the key file's (see tenants.go)
 	created int64
 	// stopFeeds is closed when the server shuts down: event feeds (GET /v1/events) end.
 	stopFeeds chan struct{}
@@ -89,6 +89,14 @@ func New(cfg Config, engine Engine, cluster Cluster) (*Server, error) {
 		created:   time.Now().Unix(),
 		stopFeeds: make(chan struct{}),
 	}
+	keys := keyring{}
+	if cfg.KeyFile != "" {
+		var err error
+		if keys, err = loadKeys(cfg.KeyFile); err != nil {
+			return nil, err
+		}
+	}
+	s.keys.Store(&keys)
 	s.metrics.reg.MustRegister(cluster.Collectors()...)
 	s.base, s.cancelBase = context.WithCancel(context.Background())
 	s.promh = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}))
@@ -220,7 +228,7 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		endpoint = path
 	} else if id, found := strings.CutPrefix(path, "/v1/models/"); found && id != "" {
 		endpoint = "/v1/models/{id}"
-		r, ok = route{method: fasthttp.MethodGet, auth: true, serve: func(ctx *fasthttp.RequestCtx) { s.handleModel(ctx, id) }}, true
+		r, ok = route{method: fasthttp.MethodGet, auth: client, serve: func(ctx *fasthttp.RequestCtx) { s.handleModel(ctx, id) }}, true
 	}
 	switch {
 	case !r.kv && len(ctx.Request.Body()) > s.cfg.MaxBodyBytes:
@@ -238,20 +246,33 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 // route is how one path is served.
 type route struct {
 	method string
-	auth   bool // the API key is required
+	auth   access
 	kv     bool // the body is a KV frame, bounded by MaxKVBytes rather than MaxBodyBytes
 	serve  fasthttp.RequestHandler
 }
+
+// access is who may use a route.
+type access int
+
+const (
+	open     access = iota // anyone: probes, the dashboard's page, the hop (signed instead)
+	client                 // a tenant's API key (see tenants.go)
+	operator               // the operator's key
+)
 
 // routes are the paths a node serves, and so the only endpoint labels besides
 // "/v1/models/{id}" and "other". A node that takes no hops (standalone) has no hop
 // endpoints, and says so on the cluster's.
 func (s *Server) routeTable() map[string]route {
 	get, post := fasthttp.MethodGet, fasthttp.MethodPost
+	metrics := operator
+	if s.cfg.MetricsOpen {
+		metrics = open
+	}
 	routes := map[string]route{
-		"/v1/chat/completions": {method: post, auth: true, serve: func(ctx *fasthttp.RequestCtx) { s.handleCompletion(ctx, true) }},
-		"/v1/completions":      {method: post, auth: true, serve: func(ctx *fasthttp.RequestCtx) { s.handleCompletion(ctx, false) }},
-		"/v1/models":           {method: get, auth: true, serve: s.handleModels},
+		"/v1/chat/completions": {method: post, auth: client, serve: func(ctx *fasthttp.RequestCtx) { s.handleCompletion(ctx, true) }},
+		"/v1/completions":      {method: post, auth: client, serve: func(ctx *fasthttp.RequestCtx) { s.handleCompletion(ctx, false) }},
+		"/v1/models":           {method: get, auth: client, serve: s.handleModels},
 		"/healthz": {method: get, serve: func(ctx *fasthttp.RequestCtx) {
 			writeJSON(ctx, fasthttp.StatusOK, map[string]string{"status": "ok"})
 		}},
@@ -260,16 +281,16 @@ func (s *Server) routeTable() map[string]route {
 		// served without one.
 		"/":          {method: get, serve: s.handleDashboard},
 		"/dashboard": {method: get, serve: s.handleDashboard},
-		"/metrics":   {method: get, auth: !s.cfg.MetricsOpen, serve: s.promh},
+		"/metrics":   {method: get, auth: metrics, serve: s.promh},
 	}
 	if s.cluster.Hop() == nil {
 		standalone := func(ctx *fasthttp.RequestCtx) { writeError(ctx, errStandalone) }
-		routes["/v1/cluster"] = route{method: get, auth: true, serve: standalone}
-		routes["/v1/events"] = route{method: get, auth: true, serve: standalone}
+		routes["/v1/cluster"] = route{method: get, auth: operator, serve: standalone}
+		routes["/v1/events"] = route{method: get, auth: operator, serve: standalone}
 		return routes
 	}
-	routes["/v1/cluster"] = route{method: get, auth: true, serve: s.handleCluster}
-	routes["/v1/events"] = route{method: get, auth: true, serve: s.handleEvents}
+	routes["/v1/cluster"] = route{method: get, auth: operator, serve: s.handleCluster}
+	routes["/v1/events"] = route{method: get, auth: operator, serve: s.handleEvents}
 	routes[hop.Path] = route{method: post, serve: s.handleInternal}
 	routes[hop.KVPath] = route{method: post, kv: true, serve: func(ctx *fasthttp.RequestCtx) { s.handleKV(ctx, false) }}
 	routes[hop.ReplicaPath] = route{method: post, kv: true, serve: func(ctx *fasthttp.RequestCtx) { s.handleKV(ctx, true) }}
@@ -283,19 +304,16 @@ func (s *Server) guard(ctx *fasthttp.RequestCtx, r route) {
 	case string(ctx.Method()) != r.method:
 		ctx.Response.Header.Set("Allow", r.method)
 		writeError(ctx, methodNotAllowed(r.method))
-	case r.auth && !s.authorized(ctx):
+	case r.auth == client && !s.isClient(ctx), r.auth == operator && !s.operator(ctx):
 		writeError(ctx, errUnauthorized)
 	default:
 		r.serve(ctx)
 	}
 }
 
-func (s *Server) authorized(ctx *fasthttp.RequestCtx) bool {
-	if s.cfg.APIKey == "" {
-		return true
-	}
-	got, ok := bytes.CutPrefix(ctx.Request.Header.Peek("Authorization"), []byte("Bearer "))
-	return ok && subtle.ConstantTimeCompare(got, []byte(s.cfg.APIKey)) == 1
+func (s *Server) isClient(ctx *fasthttp.RequestCtx) bool {
+	_, ok := s.client(ctx)
+	return ok
 }
 
 // handleParseError answers requests fasthttp could not read (too large, malformed).

@@ -55,7 +55,8 @@ type slot struct {
 	tokens   []int32
 	job      *job // running request, or nil when idle
 	lastUsed uint64
-	replica  bool // imported as another node's copy: evicted first, until a turn runs here
+	replica  bool   // imported as another node's copy: evicted first, until a turn runs here
+	share    string // the prefix-sharing domain of the conversation (see infer.Request.Share)
 }
 
 // job is an accepted request as the engine tracks it.

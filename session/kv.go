@@ -52,12 +52,13 @@ func (e *Engine) Snapshot(ctx context.Context, key string) (*Snapshot, error) {
 	}
 	var tokens []int32
 	var state []byte
+	var share string
 	var err error
 	buf := stateBuffer()
 	doErr := e.do(ctx, func() {
 		for _, s := range e.slots {
 			if s.key == key && s.job == nil && len(s.tokens) > 0 {
-				tokens = append([]int32(nil), s.tokens...)
+				tokens, share = append([]int32(nil), s.tokens...), s.share
 				state, err = e.b.SeqState(s.seq, *buf)
 				if cap(state) > cap(*buf) {
 					*buf = state
@@ -71,7 +72,7 @@ func (e *Engine) Snapshot(ctx context.Context, key string) (*Snapshot, error) {
 		stateBufs.Put(buf)
 		return nil, err
 	}
-	h := frameHeader{Fingerprint: e.cfg.Fingerprint, KVType: e.cfg.KVType, Key: key}
+	h := frameHeader{Fingerprint: e.cfg.Fingerprint, KVType: e.cfg.KVType, Key: key, Share: share}
 	head, err := frameHead(h, tokens, state)
 	if err != nil {
 		stateBufs.Put(buf)
@@ -149,7 +150,7 @@ func (e *Engine) Import(ctx context.Context, frame []byte, replica bool) (infer.
 	res := infer.Imported{Key: h.Key, Tokens: len(tokens), Bytes: len(state)}
 	if err := e.do(ctx, func() {
 		start := time.Now()
-		err = e.install(h.Key, tokens, state, replica)
+		err = e.install(h.Key, h.Share, tokens, state, replica)
 		res.Stall = time.Since(start)
 	}); err != nil {
 		return res, err
@@ -164,7 +165,7 @@ func (e *Engine) Import(ctx context.Context, frame []byte, replica bool) (infer.
 // install puts an imported conversation into a slot: its own idle one, else an empty one,
 // else the least recently used idle one, evicting idle conversations for cells as
 // admission would. Engine goroutine only.
-func (e *Engine) install(key string, tokens []int32, state []byte, replica bool) error {
+func (e *Engine) install(key, share string, tokens []int32, state []byte, replica bool) error {
 	for _, s := range e.slots {
 		if s.key == key && s.job != nil {
 			return fmt.Errorf("%w: conversation %q is running a turn here", infer.ErrOverloaded, key)
@@ -192,8 +193,15 @@ func (e *Engine) install(key string, tokens []int32, state []byte, replica bool)
 		e.drop(target) // whatever llama.cpp half-restored
 		return fmt.Errorf("%w: %w", infer.ErrFrame, err)
 	}
+	// The state must hold exactly the frame's tokens: a frame whose state says otherwise
+	// (forged, or cut from another conversation) would put cells at positions the engine
+	// does not account for, and the next decode would fail for every sequence in its batch.
+	if got := e.b.SeqPosMax(target.seq); got != len(tokens)-1 {
+		e.drop(target)
+		return fmt.Errorf("%w: the state holds positions up to %d, the frame %d tokens", infer.ErrFrame, got, len(tokens))
+	}
 	e.tick++ // the LRU clock: a later import is more recent, even with no step between
-	target.key, target.tokens, target.lastUsed, target.replica = key, append(target.tokens[:0], tokens...), e.tick, replica
+	target.key, target.tokens, target.lastUsed, target.replica, target.share = key, append(target.tokens[:0], tokens...), e.tick, replica, share
 	e.hold(key)
 	return nil
 }

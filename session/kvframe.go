@@ -36,9 +36,10 @@ const (
 type frameHeader struct {
 	Fingerprint string `json:"fingerprint"` // model file and KV type (see Fingerprint)
 	KVType      string `json:"kv_type"`
-	Key         string `json:"key"`         // the conversation
-	Tokens      int    `json:"tokens"`      // token ids that follow the header
-	StateBytes  int64  `json:"state_bytes"` // llama.cpp's sequence state, at the end
+	Key         string `json:"key"`             // the conversation
+	Share       string `json:"share,omitempty"` // its prefix-sharing domain (see infer.Request.Share)
+	Tokens      int    `json:"tokens"`          // token ids that follow the header
+	StateBytes  int64  `json:"state_bytes"`     // llama.cpp's sequence state, at the end
 }
 
 // chunks is how many checksums a state of n bytes has.

@@ -71,7 +71,7 @@ func (e *Engine) place(j *job) (placement, bool) {
 		// The last prompt token is always decoded again: its logits start generation.
 		p.reuse = min(p.reuse, len(j.prompt)-1)
 	}
-	if from, n := e.sharedPrefix(j.prompt, p.slot); n > p.reuse {
+	if from, n := e.sharedPrefix(j.prompt, j.req.Share, p.slot); n > p.reuse {
 		p.from, p.reuse = from, n
 	}
 	var ok bool
@@ -79,19 +79,21 @@ func (e *Engine) place(j *job) (placement, bool) {
 	return p, ok
 }
 
-// sharedPrefix is the slot, other than target, whose cells hold the longest beginning of
-// prompt, and how many tokens of it serve (the last prompt token is decoded again), when
-// at least minSharedPrefix. In a unified pool the cells are shared, not copied
+// sharedPrefix is the slot of the sharing domain share, other than target, whose cells
+// hold the longest beginning of prompt, and how many tokens of it serve (the last prompt
+// token is decoded again), when at least minSharedPrefix. Slots of other domains are never
+// looked at: a tenant must not be able to tell (by counters or by time) whether another's
+// prompt began the way its own does. In a unified pool the cells are shared, not copied
 // (llama.cpp's seq_cp marks them as the other sequence's too), so a request whose
 // beginning another conversation holds, idle or running, prefills only the rest.
-func (e *Engine) sharedPrefix(prompt []int32, target *slot) (*slot, int) {
+func (e *Engine) sharedPrefix(prompt []int32, share string, target *slot) (*slot, int) {
 	if !e.cfg.UnifiedKV {
 		return nil, 0
 	}
 	var best *slot
 	n := 0
 	for _, s := range e.slots {
-		if s == target {
+		if s == target || s.share != share {
 			continue
 		}
 		if k := commonPrefix(s.tokens, prompt); k > n {
@@ -240,7 +242,7 @@ func (e *Engine) start(j *job, p placement, stats *infer.Stats) {
 		e.b.SeqRemove(s.seq, p.reuse, -1)
 		s.tokens = s.tokens[:p.reuse]
 	}
-	s.key, s.job, s.replica = j.req.SessionID, j, false
+	s.key, s.job, s.replica, s.share = j.req.SessionID, j, false, j.req.Share
 	e.hold(s.key)
 	seed := uint32(j.req.Seed)
 	if j.req.Seed < 0 {
@@ -344,7 +346,7 @@ func (e *Engine) catchUp(stats *infer.Stats) {
 			continue
 		}
 		done := len(j.slot.tokens)
-		from, n := e.sharedPrefix(j.prompt, j.slot)
+		from, n := e.sharedPrefix(j.prompt, j.req.Share, j.slot)
 		if n <= done {
 			continue
 		}

@@ -213,3 +213,75 @@ func TestFakeDecodeFailure(t *testing.T) {
 		}
 	})
 }
+
+// TestFakeShareDomains: conversations share a prefix's cells only within one sharing
+// domain (a tenant, a cache salt): another domain's request with the same beginning
+// prefills it all, and moves the shared-tokens counter by nothing.
+func TestFakeShareDomains(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e, _, stop := startFake(t, nil)
+		defer stop()
+		system := strings.Repeat("the tenant's long system prompt ", 8) // 40 words
+		run := func(key, share, prompt string) string {
+			st, err := e.Submit(t.Context(), infer.Request{SessionID: key, Share: share, Prompt: prompt, MaxTokens: 3, Sampling: infer.Greedy()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			text, _, err := st.Collect()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return text
+		}
+		run("a1", "tenant-a", system+"first")
+		before := e.Stats().SharedTokens
+		if p := system + "other"; run("b1", "tenant-b", p) != answer(p, 3) {
+			t.Error("wrong answer")
+		}
+		if got := e.Stats().SharedTokens - before; got != 0 {
+			t.Errorf("another domain shared %d tokens", got)
+		}
+		run("a2", "tenant-a", system+"second")
+		if got := e.Stats().SharedTokens - before; got != 41 {
+			t.Errorf("the same domain shared %d tokens, want 41", got)
+		}
+	})
+}
+
+// TestFakeImportPositions: a frame whose state holds other positions than its tokens say
+// (forged, or spliced) is refused, and changes no conversation.
+func TestFakeImportPositions(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e, b, stop := startFake(t, nil)
+		defer stop()
+		ask(t, e, "keep", "a conversation that must not change", 3)
+		frame := func(tokens, stateTokens int) []byte {
+			toks := make([]int32, tokens)
+			for i := range toks {
+				toks[i] = int32(3 + i)
+			}
+			state, _ := b.SeqState(-1, nil)
+			for i := range stateTokens {
+				state = append(state, byte(3+i), 0, 0, 0)
+			}
+			head, err := frameHead(frameHeader{Fingerprint: "fake", KVType: e.cfg.KVType, Key: "forged", Tokens: tokens,
+				StateBytes: int64(len(state))}, toks, state)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return append(head, state...)
+		}
+		if _, err := e.Import(t.Context(), frame(10, 5), false); !errors.Is(err, infer.ErrFrame) {
+			t.Errorf("a frame of 10 tokens with a state of 5: %v, want ErrFrame", err)
+		}
+		if e.Holds("forged") {
+			t.Error("the forged conversation is held")
+		}
+		if _, err := e.Import(t.Context(), frame(10, 10), false); err != nil {
+			t.Errorf("a consistent frame: %v", err)
+		}
+		if _, _, cached := ask(t, e, "keep", "a conversation that must not change t1 t2 more", 2); cached == 0 {
+			t.Error("the other conversation lost its cache")
+		}
+	})
+}

@@ -15,6 +15,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -290,5 +291,67 @@ func TestHostilePathKeepsNodeUp(t *testing.T) {
 	}
 	if m := metrics(t, n); !strings.Contains(m, `infernode_http_requests_total{endpoint="other",status="413"} 1`) {
 		t.Errorf("the request is not counted under \"other\":\n%s", m)
+	}
+}
+
+// TestTenantsIsolated, on a real node with a key file: requests of one tenant share a long
+// system prompt's KV cells (the shared-prefix counter moves), while another tenant, or the
+// default tenant, sending the same system prompt shares nothing (the counter does not
+// move: no tenant can learn another's prompt from the cache).
+func TestTenantsIsolated(t *testing.T) {
+	keys := filepath.Join(t.TempDir(), "keys")
+	if err := os.WriteFile(keys, []byte("key-of-alpha-000001 alpha\nkey-of-beta-0000002 beta\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	const defaultKey = "default-key-0123456789"
+	c := launch(t, Config{Model: testenv.Model(t), Nodes: 1, APIKey: defaultKey, Args: []string{"--ctx", "8192", "--key-file", keys}})
+	if _, err := c.WaitRings(t.Context(), c.IDs(), 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	url := c.Nodes[0].URL()
+	system := strings.Repeat("you answer questions about rivers and the sea and the boats on them. ", 12)
+	ask := func(key, question string) {
+		t.Helper()
+		body, _ := json.Marshal(map[string]any{"max_tokens": 2, "temperature": 0,
+			"messages": []message{{Role: "system", Content: system}, {Role: "user", Content: question}}})
+		req, _ := http.NewRequest("POST", url+"/v1/chat/completions", strings.NewReader(string(body)))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer "+key)
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: status %d", question, resp.StatusCode)
+		}
+	}
+	shared := func() float64 {
+		t.Helper()
+		req, _ := http.NewRequest("GET", url+"/metrics", nil)
+		req.Header.Set("Authorization", "Bearer "+defaultKey)
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		m := regexp.MustCompile(`(?m)^infernode_shared_prefix_tokens_total (\S+)$`).FindSubmatch(b)
+		if m == nil {
+			t.Fatalf("no shared-prefix counter in /metrics (%d)", resp.StatusCode)
+		}
+		v, _ := strconv.ParseFloat(string(m[1]), 64)
+		return v
+	}
+	ask("key-of-alpha-000001", "where does the river go")
+	before := shared()
+	ask("key-of-beta-0000002", "what is a boat")
+	ask(defaultKey, "what is the sea")
+	if moved := shared() - before; moved != 0 {
+		t.Errorf("other tenants sharing alpha's system prompt moved the shared-prefix counter by %v", moved)
+	}
+	ask("key-of-alpha-000001", "how deep is the sea")
+	if moved := shared() - before; moved < 32 {
+		t.Errorf("alpha's second conversation shared %v tokens of its own system prompt: the control case fails", moved)
 	}
 }

@@ -117,7 +117,9 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&nc.ModelName, "model-name", "", "model id clients use (default: the file name without .gguf)")
 	fs.StringVar(&nc.ID, "id", "", "node id shown in X-Infernode-Node and logs (default: host-port)")
 	fs.StringVar(&nc.Addr, "addr", nc.Addr, "HTTP listen address (port 0 picks a free port; the log says which)")
-	fs.StringVar(&nc.APIKey, "api-key", "", "require 'Authorization: Bearer KEY' on /v1/*")
+	fs.StringVar(&nc.APIKey, "api-key", "", "require 'Authorization: Bearer KEY' on /v1/*: the default tenant's key")
+	fs.StringVar(&nc.KeyFile, "key-file", "", "more API keys, one 'KEY TENANT' a line, each naming its tenant; reloaded on SIGHUP")
+	fs.StringVar(&nc.AdminKey, "admin-key", "", "the operator's key: the only one /v1/cluster, /v1/events and /metrics take (default: --api-key's)")
 	fs.BoolVar(&nc.MetricsOpen, "metrics-open", nc.MetricsOpen, "serve /metrics without the API key (for scrapers that carry none)")
 	fs.IntVar(&ec.Cells, "ctx", ec.Cells, "KV cache size in tokens, over all sequences")
 	fs.IntVar(&ec.SeqContext, "seq-ctx", ec.SeqContext, "most tokens one conversation holds (0: the model's trained context)")
@@ -391,6 +393,16 @@ func serve(opts options, log *slog.Logger) error {
 		ln.Close()
 		return err
 	}
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	go func() {
+		for range hup {
+			if err := srv.ReloadKeys(); err != nil {
+				log.Error("SIGHUP: keys not reloaded; the keys in force stay", "err", err)
+			}
+		}
+	}()
 	// On SIGTERM: leave gossip first (peers stop routing here at once), then drain.
 	gossipCtx, stopGossip := context.WithCancel(context.Background())
 	defer stopGossip()

@@ -64,7 +64,8 @@ func (a *Auth) Authenticate(in Inbound) error {
 // maxSkew from its clock and any nonce it has seen within that window.
 type Auth struct {
 	self    string
-	keys    [][]byte // the first signs, any verifies; none: insecure, hops unsigned and unchecked
+	started time.Time // hops stamped earlier are refused: the nonces seen before a restart are gone
+	keys    [][]byte  // the first signs, any verifies; none: insecure, hops unsigned and unchecked
 	now     func() time.Time
 	maxSkew time.Duration
 
@@ -76,7 +77,7 @@ type Auth struct {
 // NewAuth signs as self with key and accepts signatures by key or any of accept. Without
 // a key, hops go unsigned and are not checked (an insecure cluster). now is the clock.
 func NewAuth(self string, key []byte, accept [][]byte, now func() time.Time, maxSkew time.Duration) *Auth {
-	a := &Auth{self: self, now: now, maxSkew: maxSkew, seen: map[string]time.Time{}}
+	a := &Auth{self: self, now: now, started: now(), maxSkew: maxSkew, seen: map[string]time.Time{}}
 	if len(key) > 0 {
 		a.keys = append([][]byte{key}, accept...)
 	}
@@ -143,6 +144,10 @@ func (a *Auth) verify(in Inbound) error {
 	now := a.now()
 	if err != nil {
 		return fail("bad timestamp")
+	}
+	if time.UnixMilli(ms).Before(a.started.Truncate(time.Millisecond)) {
+		// It may have been seen, and answered, by this node's previous run.
+		return fail("stamped before this node started")
 	}
 	if skew := now.Sub(time.UnixMilli(ms)).Abs(); skew > a.maxSkew {
 		return fail(fmt.Sprintf("timestamp %v off this node's clock (more than %v)", skew.Round(time.Millisecond), a.maxSkew))

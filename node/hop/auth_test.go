@@ -1,6 +1,7 @@
 package hop
 
 import (
+	"strings"
 	"testing"
 	"time"
 )
@@ -26,5 +27,20 @@ func TestAuthRotation(t *testing.T) {
 		if err := receiver.Authenticate(in); err == nil {
 			t.Errorf("%s key: a replay was accepted", tc.name)
 		}
+	}
+}
+
+// TestStampedBeforeStart: a node refuses hops stamped before it started, even within the
+// replay window: its nonce cache did not see what its previous run answered.
+func TestStampedBeforeStart(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	clock := func() time.Time { return now }
+	receiver := NewAuth("a", []byte("secret-0123456789abcdef"), nil, clock, 30*time.Second)
+	h := map[string]string{}
+	sender := NewAuth("b", []byte("secret-0123456789abcdef"), nil, func() time.Time { return now.Add(-time.Second) }, 30*time.Second)
+	sender.Sign(func(k, v string) { h[k] = v }, "POST", Path, "a", nil)
+	if err := receiver.Authenticate(Inbound{Method: "POST", Path: Path, Header: func(k string) string { return h[k] }}); err == nil ||
+		!strings.Contains(err.Error(), "before this node started") {
+		t.Errorf("a hop stamped a second before the receiver started: %v", err)
 	}
 }

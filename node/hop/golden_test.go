@@ -32,6 +32,11 @@ func TestGoldenHopRequest(t *testing.T) {
 	if got, _ := json.Marshal(back); string(got) != want {
 		t.Errorf("decoded and encoded again:\n got %s\nwant %s", got, want)
 	}
+	// Since 1.4: a sharing domain, only when the request has one.
+	const shared = `{"model":"m","session_id":"","share":"t:a:00","prompt":"p","temperature":0,"top_p":0,"seed":0}`
+	if b, _ := json.Marshal(NewRequest("m", infer.Request{Prompt: "p", Share: "t:a:00"})); string(b) != shared {
+		t.Errorf("hop request with a sharing domain:\n got %s\nwant %s", b, shared)
+	}
 	const minimal = `{"model":"m","session_id":"","prompt":"p","temperature":0,"top_p":0,"seed":0}`
 	if b, _ := json.Marshal(NewRequest("m", infer.Request{Prompt: "p"})); string(b) != minimal {
 		t.Errorf("minimal hop request body:\n got %s\nwant %s", b, minimal)

@@ -35,7 +35,10 @@ const (
 	// 1.2: requests say whether they follow an earlier answer; KV pulls (PullPath).
 	// 1.3: a chat for a model the entry node does not serve comes as messages, and the
 	// first text event carries the prompt its owner formatted from them.
-	Minor = 3
+	// 1.4: a request's prefix-sharing domain (share). An owner of 1.3 or earlier would
+	// ignore it and share cells across tenants, so a request with one goes only to owners
+	// that gossip 1.4 or later (see MinorFor).
+	Minor = 4
 
 	HeaderVersion   = "X-Infernode-Hop-Version" // "major.minor"
 	HeaderFrom      = "X-Infernode-Hop"         // the entry node's id
@@ -58,10 +61,21 @@ const (
 // Versions are the major versions of the hop protocol this node speaks, as gossiped.
 var Versions = []int{Major}
 
+// MinorFor is the least minor version an owner must speak to serve r as it asks: a field
+// that changes what the owner must do needs an owner that knows it (an older one would
+// ignore it), while fields that only add information do not.
+func MinorFor(r infer.Request) int {
+	if r.Share != "" {
+		return 4
+	}
+	return 0
+}
+
 // Request is a hop's body: one generation, with every field named on the wire.
 type Request struct {
 	Model            string    `json:"model"`
 	SessionID        string    `json:"session_id"`
+	Share            string    `json:"share,omitempty"`     // since 1.4
 	FollowUp         bool      `json:"follow_up,omitempty"` // since 1.2
 	Prompt           string    `json:"prompt"`
 	Messages         []Message `json:"messages,omitempty"` // since 1.3: in place of Prompt, to format
@@ -93,7 +107,7 @@ func NewRequest(model string, r infer.Request) Request {
 	for _, m := range r.Messages {
 		msgs = append(msgs, Message(m))
 	}
-	return Request{Model: model, SessionID: r.SessionID, FollowUp: r.FollowUp, Prompt: r.Prompt, Messages: msgs, MaxTokens: r.MaxTokens, Stop: r.Stop,
+	return Request{Model: model, SessionID: r.SessionID, Share: r.Share, FollowUp: r.FollowUp, Prompt: r.Prompt, Messages: msgs, MaxTokens: r.MaxTokens, Stop: r.Stop,
 		Temperature: s.Temperature, TopK: s.TopK, TopP: s.TopP, MinP: s.MinP, RepeatPenalty: s.RepeatPenalty,
 		PresencePenalty: s.PresencePenalty, FrequencyPenalty: s.FrequencyPenalty, RepeatLastN: s.RepeatLastN, Seed: s.Seed,
 		Logprobs: r.Logprobs, TopLogprobs: r.TopLogprobs}
@@ -105,7 +119,7 @@ func (r Request) Engine() infer.Request {
 	for _, m := range r.Messages {
 		msgs = append(msgs, infer.Message(m))
 	}
-	return infer.Request{SessionID: r.SessionID, FollowUp: r.FollowUp, Prompt: r.Prompt, Messages: msgs, MaxTokens: r.MaxTokens, Stop: r.Stop,
+	return infer.Request{SessionID: r.SessionID, Share: r.Share, FollowUp: r.FollowUp, Prompt: r.Prompt, Messages: msgs, MaxTokens: r.MaxTokens, Stop: r.Stop,
 		Logprobs: r.Logprobs, TopLogprobs: r.TopLogprobs, Sampling: infer.Sampling{Temperature: r.Temperature, TopK: r.TopK, TopP: r.TopP, MinP: r.MinP,
 			RepeatPenalty: r.RepeatPenalty, PresencePenalty: r.PresencePenalty, FrequencyPenalty: r.FrequencyPenalty,
 			RepeatLastN: r.RepeatLastN, Seed: r.Seed}}

@@ -90,6 +90,12 @@ func (r *Router) submit(ctx context.Context, t target, req infer.Request, tried 
 		if slices.Contains(tried, c.id) {
 			continue
 		}
+		if c.minor < hop.MinorFor(req) {
+			// An owner that would ignore a field this request needs (a sharing domain) is
+			// never chosen: the next owner, or in the end this node, serves it.
+			r.forwards.WithLabelValues("incapable").Inc()
+			continue
+		}
 		last := i == len(cands)-1
 		if c.id == r.cfg.Self {
 			st, err := r.ServeLocal(ctx, req)

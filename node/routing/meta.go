@@ -27,7 +27,8 @@ type Meta struct {
 	Prefill     int    `json:"pf,omitempty"`   // prompt tokens it prefills a second at its recent load (0: unknown)
 	Decode      int    `json:"tps,omitempty"`  // tokens it generated a second lately
 	Leaving     bool   `json:"leaving,omitempty"`
-	Hop         []int  `json:"hop,omitempty"` // major versions of the hop protocol the node speaks
+	Hop         []int  `json:"hop,omitempty"`  // major versions of the hop protocol the node speaks
+	HopMinor    int    `json:"hopv,omitempty"` // the minor version of the newest (since hop 1.4; absent: 3 or less)
 	// Slow lists the peers this node finds slow (gray failures: they answer, slowly).
 	Slow []string `json:"slow,omitempty"`
 }

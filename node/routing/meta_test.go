@@ -22,6 +22,11 @@ func TestGoldenMeta(t *testing.T) {
 	if b, _ := back.Encode(); string(b) != want {
 		t.Errorf("decoded and encoded again:\n got %s\nwant %s", b, want)
 	}
+	// Since hop 1.4, the minor version beside the majors (older nodes ignore it).
+	const minor = `{"id":"n","http":"h:1","fp":"","ready":false,"hop":[1],"hopv":4}`
+	if b, _ := (Meta{ID: "n", HTTPAddr: "h:1", Hop: []int{1}, HopMinor: 4}).Encode(); string(b) != minor {
+		t.Errorf("metadata with the hop minor version:\n got %s\nwant %s", b, minor)
+	}
 	const minimal = `{"id":"n","http":"h:1","fp":"","ready":false}`
 	if b, _ := (Meta{ID: "n", HTTPAddr: "h:1"}).Encode(); string(b) != minimal {
 		t.Errorf("minimal metadata:\n got %s\nwant %s", b, minimal)

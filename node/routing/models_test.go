@@ -105,3 +105,49 @@ func TestOtherModels(t *testing.T) {
 		t.Fatalf("the entry served %d requests for a model it does not have", n)
 	}
 }
+
+// TestOwnerMustKnowTheRequest: a request with a sharing domain (hop 1.4) never goes to an
+// owner that gossips an older minor version (it would ignore the domain and share cells
+// across tenants): the next capable owner serves it, else this node. Requests without one
+// go to any owner.
+func TestOwnerMustKnowTheRequest(t *testing.T) {
+	c := newCluster(t, "b", "c")
+	ms := c.members.list()
+	for i := range ms {
+		if ms[i].Meta.ID == "c" {
+			ms[i].Meta.HopMinor = hop.Minor
+		}
+	}
+	c.members.set(ms...)
+	c.entry.v.Sync()
+	for _, tc := range []struct {
+		owners []string
+		share  string
+		want   string
+	}{
+		{[]string{"b", "c"}, "", "b"},
+		{[]string{"b", "c"}, "t:x", "c"},
+		{[]string{"c"}, "t:x", "c"},
+	} {
+		req := greedy(c.keyOwnedBy(tc.owners...), "hello", 2)
+		req.Share = tc.share
+		st, err := c.entry.Submit(t.Context(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, res := collect(st); res.Err != nil || servedBy(st) != tc.want {
+			t.Errorf("owners %v, share %q: served by %s (%v), want %s", tc.owners, tc.share, servedBy(st), res.Err, tc.want)
+		}
+	}
+	// The only other owner is old: this node serves it.
+	c = newCluster(t, "b")
+	req := greedy(c.keyOwnedBy("b"), "hello", 2)
+	req.Share = "t:x"
+	st, err := c.entry.Submit(t.Context(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, res := collect(st); res.Err != nil || servedBy(st) != "a" {
+		t.Errorf("only an old owner: served by %s (%v), want a", servedBy(st), res.Err)
+	}
+}

@@ -173,7 +173,7 @@ func (r *Router) Publish() {
 	ready, _ := r.Ready()
 	st := r.local.Stats()
 	tags, err := (Meta{
-		ID: r.cfg.Self, HTTPAddr: r.cfg.HTTPAddr, Fingerprint: r.cfg.Fingerprint, Model: r.cfg.Model, Ready: ready, Hop: hop.Versions,
+		ID: r.cfg.Self, HTTPAddr: r.cfg.HTTPAddr, Fingerprint: r.cfg.Fingerprint, Model: r.cfg.Model, Ready: ready, Hop: hop.Versions, HopMinor: hop.Minor,
 		Running: st.Running, Waiting: st.Waiting, FreeKV: st.KVCells - st.KVUsed, QueueCap: r.cfg.QueueCap,
 		Prefill: int(st.PrefillRate), Decode: int(r.v.rate.update(r.clock.Now(), st.Generated)), Slow: r.v.speed.slow(),
 	}).Encode()

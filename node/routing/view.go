@@ -77,6 +77,7 @@ type candidate struct {
 	full     bool // its gossiped queue is full
 	slow     bool // degraded (see speed.go)
 	load     int  // its requests running and waiting, as last gossiped
+	minor    int  // the hop minor version it speaks (see hop.MinorFor)
 }
 
 func newView(cfg Config, log *slog.Logger, g Membership, local Engine, client *http.Client, clock Clock) *view {
@@ -459,11 +460,12 @@ func (v *view) candidates(model, key string) []candidate {
 	out := make([]candidate, 0, len(ids))
 	for _, id := range ids {
 		if id == v.cfg.Self {
-			out = append(out, candidate{id: id, slow: v.degraded[id], load: st.Running + st.Waiting})
+			out = append(out, candidate{id: id, slow: v.degraded[id], load: st.Running + st.Waiting, minor: hop.Minor})
 			continue
 		}
 		m := v.members[id].Meta
-		out = append(out, candidate{id: id, addr: m.HTTPAddr, full: m.Full(), slow: v.degraded[id], load: m.Running + m.Waiting})
+		out = append(out, candidate{id: id, addr: m.HTTPAddr, full: m.Full(), slow: v.degraded[id], load: m.Running + m.Waiting,
+			minor: m.HopMinor})
 	}
 	if len(out) > 1 {
 		// Spill-over goes to a full queue last, and to a degraded member only before that.

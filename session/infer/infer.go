@@ -29,6 +29,12 @@ type Request struct {
 	MaxTokens int
 	// Stop strings end generation where they first appear; they are never emitted.
 	Stop []string
+	// Share is the request's prefix-sharing domain: its prompt may reuse KV cells that
+	// another conversation holds only when that conversation's domain is the same (one
+	// tenant, and one cache salt within it). Conversations of different domains never
+	// share cells, so none can learn another's prompt from the cache (by a counter or by
+	// time to first token).
+	Share string
 	// Logprobs asks for the log probability of every generated token (under the model's
 	// own distribution, before sampling settings), and TopLogprobs (0 to 20) for that
 	// many of the most likely tokens at each position, in Result.Logprobs.

@@ -427,7 +427,7 @@ var ErrUnknownTemplate = errors.New("chat template not supported by llama.cpp")
 func ApplyChatTemplate(tmpl string, msgs []Message, addAssistant bool) (string, error) {
 	ctmpl := C.CString(tmpl)
 	defer C.free(unsafe.Pointer(ctmpl))
-	cmsgs := (*[1 << 20]C.struct_llama_chat_message)(C.malloc(C.size_t(max(len(msgs), 1)) * C.sizeof_struct_llama_chat_message))[:len(msgs):len(msgs)]
+	cmsgs := unsafe.Slice((*C.struct_llama_chat_message)(C.malloc(C.size_t(max(len(msgs), 1))*C.sizeof_struct_llama_chat_message)), len(msgs))
 	defer C.free(unsafe.Pointer(unsafe.SliceData(cmsgs)))
 	size := 0
 	for i, msg := range msgs {
