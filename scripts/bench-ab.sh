@@ -12,7 +12,7 @@ run() { # binary label pair
 	"$1" --model "$model" --addr 127.0.0.1:$port --seed 1 --log-level warn &
 	pid=$!
 	until curl -sf 127.0.0.1:$port/readyz >/dev/null; do kill -0 $pid || exit 1; sleep 0.2; done
-	$loadgen --url http://127.0.0.1:$port --concurrency 1,4,8 --rounds 5 --max-tokens 64 --json |
+	$loadgen --url http://127.0.0.1:$port --concurrency ${CONC:-1,4,8} --rounds 5 --max-tokens 64 --json |
 		python3 -c 'import json,sys
 for l in json.load(sys.stdin):
     print(sys.argv[1], sys.argv[2], l["concurrency"], round(l["decode_tok_s"],1), round(l["ttft_p50_ms"],1), round(l["itl_p99_ms"],2))' "$3" "$2"

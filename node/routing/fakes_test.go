@@ -31,6 +31,7 @@ import (
 type fakeMembers struct {
 	mu      sync.Mutex
 	members []member
+	raw     []gossip.Member // when set, what Members returns as it is (see setRaw)
 	tags    []byte
 	changes chan struct{}
 }
@@ -38,6 +39,9 @@ type fakeMembers struct {
 func (f *fakeMembers) Members() []gossip.Member {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.raw != nil {
+		return slices.Clone(f.raw)
+	}
 	var out []gossip.Member
 	for _, m := range f.members {
 		g := m.Member
@@ -61,7 +65,14 @@ func (f *fakeMembers) Addr() string { return "gossip:1" }
 func (f *fakeMembers) set(ms ...member) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.members = ms
+	f.members, f.raw = ms, nil
+}
+
+// setRaw sets the members as gossip reports them, tags encoded by the caller.
+func (f *fakeMembers) setRaw(ms []gossip.Member) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.raw = ms
 }
 
 // peerMember is a live, ready, compatible peer.

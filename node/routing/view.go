@@ -40,6 +40,7 @@ type view struct {
 	refused map[string]bool          // member names refused for claiming a live member's id (logged once)
 	down    map[string]chan struct{} // closed when the peer is declared down (see abandonDown)
 	names   map[string]string        // model id → its ring (see modelRings), for models served by peers
+	decoded map[string]decodedTags   // member name → its tags as last decoded (see record)
 	// degraded is the cluster's verdict on gray failures (see speed.go).
 	degraded map[string]bool
 	speed    *speeds // this node's own verdicts on its peers' speed; taken after mu when both are held
@@ -85,6 +86,7 @@ func newView(cfg Config, log *slog.Logger, g Membership, local Engine, client *h
 		cfg: cfg, log: log, gossip: g, local: local, client: client, clock: clock,
 		table:    ring.NewTable(cfg.Ring, cfg.Self),
 		members:  map[string]member{},
+		decoded:  map[string]decodedTags{},
 		holder:   map[string]string{},
 		refused:  map[string]bool{},
 		down:     map[string]chan struct{}{},
@@ -167,6 +169,24 @@ func (v *view) Sync() {
 	v.commit()
 }
 
+// decodedTags is a member's tags and what they say.
+type decodedTags struct {
+	tags string
+	meta Meta
+}
+
+// decode is what a member's tags say, decoded again only when they changed: a Sync reads
+// every member (1,000 JSON decodes cost milliseconds), and most tags change rarely.
+// Tags that do not decode are Invalid already. Callers hold mu.
+func (v *view) decode(m gossip.Member) Meta {
+	if d, ok := v.decoded[m.Name]; ok && d.tags == string(m.Tags) {
+		return d.meta
+	}
+	meta, _ := DecodeMeta(m.Tags)
+	v.decoded[m.Name] = decodedTags{string(m.Tags), meta}
+	return meta
+}
+
 // record folds gossip's members into the table (see Sync).
 func (v *view) record(gossiped []gossip.Member) {
 	v.mu.Lock()
@@ -175,8 +195,7 @@ func (v *view) record(gossiped []gossip.Member) {
 	names := map[string]bool{}
 	var dup []member
 	for _, gm := range gossiped {
-		m := member{Member: gm}
-		m.Meta, _ = DecodeMeta(gm.Tags) // tags that do not decode are Invalid already
+		m := member{Member: gm, Meta: v.decode(gm)}
 		names[m.Name] = true
 		id := m.Meta.ID
 		if m.Invalid != "" || id == "" || id == v.cfg.Self {
@@ -208,6 +227,11 @@ func (v *view) record(gossiped []gossip.Member) {
 	for name := range v.refused {
 		if !names[name] { // pruned by gossip: forget it here too
 			delete(v.refused, name)
+		}
+	}
+	for name := range v.decoded {
+		if !names[name] {
+			delete(v.decoded, name)
 		}
 	}
 	for _, m := range dup {
