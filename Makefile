@@ -45,7 +45,7 @@ APT_PACKAGES := nlohmann-json3-dev libstb-dev nftables iproute2 iptables
 TEST_APT_PACKAGES := chromium
 MALGO        := github.com/gen2brain/malgo@v0.11.24
 
-.PHONY: all deps test-deps flags build bench-portable bench-quant model bench-model test race lint tidy-check bench bench-http bench-cluster bench-overhead bench-compare run chaos chaos-cleanup clean
+.PHONY: all deps test-deps flags build fuzz bench-portable bench-quant model bench-model test race lint tidy-check bench bench-http bench-cluster bench-overhead bench-compare run chaos chaos-cleanup clean
 
 all: build
 
@@ -104,6 +104,18 @@ test: deps test-deps model $(BENCH_MODEL)
 
 race: deps model
 	INFERNODE_TEST_MODEL=$(CURDIR)/$(MODEL) $(GO) test -p 1 -race -count=1 -timeout 30m ./...
+
+# fuzz: every fuzz target for FUZZTIME each (make test runs their seed corpora as tests).
+# The node's run without cgo; the engine's need it, and fuzzing instruments llama.cpp's
+# build too: the first run compiles it once more (about 9 minutes on 2 cores).
+FUZZTIME ?= 30s
+FUZZ_PURE := ./node:FuzzChatRequest ./node:FuzzCompletionRequest ./node/hop:FuzzAccept ./node/routing:FuzzMeta
+FUZZ_CGO  := ./session:FuzzParseFrame ./session:FuzzChatTemplate
+fuzz: deps
+	@for t in $(FUZZ_PURE); do pkg=$${t%%:*}; name=$${t##*:}; echo "== $$name ($$pkg, $(FUZZTIME))"; \
+		CGO_ENABLED=0 $(GO) test -run '^$$' -fuzz "^$$name$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; done
+	@for t in $(FUZZ_CGO); do pkg=$${t%%:*}; name=$${t##*:}; echo "== $$name ($$pkg, $(FUZZTIME))"; \
+		$(GO) test -run '^$$' -fuzz "^$$name$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; done
 
 lint: deps
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

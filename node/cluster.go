@@ -29,9 +29,10 @@ type Cluster interface {
 	// Served is told that a turn of key's conversation, served here, is complete.
 	Served(key string, draining bool)
 	// TakeKV installs a conversation's KV frame a peer pushed; GiveKV answers a peer's
-	// pull with one (to be released after writing).
+	// pull (its hop's nonce) with one, to be released after writing, the answer's
+	// signature set with sign.
 	TakeKV(ctx context.Context, frame []byte, replica bool, from string) (infer.Imported, error)
-	GiveKV(ctx context.Context, key, peer string) (infer.Frame, error)
+	GiveKV(ctx context.Context, key, peer, nonce string, sign func(name, value string)) (infer.Frame, error)
 	// Hop verifies what peers send; nil for a node that takes no hops.
 	Hop() *hop.Auth
 	// KeepAlive is how often a forwarded request's answer says the owner is working.
@@ -79,7 +80,7 @@ func (standalone) Served(string, bool)                   {}
 func (standalone) TakeKV(context.Context, []byte, bool, string) (infer.Imported, error) {
 	return infer.Imported{}, errStandalone
 }
-func (standalone) GiveKV(context.Context, string, string) (infer.Frame, error) {
+func (standalone) GiveKV(context.Context, string, string, string, func(string, string)) (infer.Frame, error) {
 	return nil, errStandalone
 }
 func (standalone) Hop() *hop.Auth           { return nil }

@@ -55,7 +55,7 @@ func (f *fakeEngine) Ready() bool      { return !f.notReady }
 func (*fakeEngine) Snapshot(context.Context, string) (infer.Frame, error) {
 	return nil, infer.ErrNotCached
 }
-func (*fakeEngine) Import(context.Context, []byte, bool) (infer.Imported, error) {
+func (*fakeEngine) Import(context.Context, []byte, bool, string) (infer.Imported, error) {
 	return infer.Imported{}, infer.ErrFrame
 }
 func (*fakeEngine) Conversations(context.Context) ([]string, error) { return nil, nil }

@@ -36,7 +36,8 @@ func (s *Server) handlePull(ctx *fasthttp.RequestCtx) {
 		writeError(ctx, err)
 		return
 	}
-	frame, err := s.cluster.GiveKV(s.base, string(ctx.PostBody()), string(ctx.Request.Header.Peek(hop.HeaderFrom)))
+	frame, err := s.cluster.GiveKV(s.base, string(ctx.PostBody()), string(ctx.Request.Header.Peek(hop.HeaderFrom)),
+		string(ctx.Request.Header.Peek(hop.HeaderNonce)), ctx.Response.Header.Set)
 	switch {
 	case errors.Is(err, kvmove.ErrNotHeld):
 		ctx.SetStatusCode(fasthttp.StatusNotFound)

@@ -137,15 +137,18 @@ func stateBuffer() *[]byte {
 // idle copy of that conversation here. A frame for another model or KV type, another
 // format version, a truncated or corrupt one is refused (ErrFrame) and changes nothing;
 // so is one arriving while that conversation runs a turn here, or when every sequence is
-// busy (ErrOverloaded).
+// busy (ErrOverloaded). want, when not empty, is the conversation asked for (a pull): a
+// frame of any other is refused (ErrFrame) before anything is installed.
 //
 // A replica is a copy kept for a conversation another node serves, for when that node
 // fails: it is evicted before any conversation served here.
-func (e *Engine) Import(ctx context.Context, frame []byte, replica bool) (infer.Imported, error) {
-	want := frameHeader{Fingerprint: e.cfg.Fingerprint, KVType: e.cfg.KVType}
-	h, tokens, state, err := parseFrame(frame, want, e.seqCells-1)
+func (e *Engine) Import(ctx context.Context, frame []byte, replica bool, want string) (infer.Imported, error) {
+	h, tokens, state, err := parseFrame(frame, frameHeader{Fingerprint: e.cfg.Fingerprint, KVType: e.cfg.KVType}, e.seqCells-1)
 	if err != nil {
 		return infer.Imported{}, err
+	}
+	if want != "" && h.Key != want {
+		return infer.Imported{}, fmt.Errorf("%w: the frame is of conversation %q, %q was asked for", infer.ErrFrame, h.Key, want)
 	}
 	res := infer.Imported{Key: h.Key, Tokens: len(tokens), Bytes: len(state)}
 	if err := e.do(ctx, func() {

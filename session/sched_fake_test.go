@@ -271,13 +271,16 @@ func TestFakeImportPositions(t *testing.T) {
 			}
 			return append(head, state...)
 		}
-		if _, err := e.Import(t.Context(), frame(10, 5), false); !errors.Is(err, infer.ErrFrame) {
+		if _, err := e.Import(t.Context(), frame(10, 5), false, ""); !errors.Is(err, infer.ErrFrame) {
 			t.Errorf("a frame of 10 tokens with a state of 5: %v, want ErrFrame", err)
 		}
 		if e.Holds("forged") {
 			t.Error("the forged conversation is held")
 		}
-		if _, err := e.Import(t.Context(), frame(10, 10), false); err != nil {
+		if _, err := e.Import(t.Context(), frame(10, 10), false, "another"); !errors.Is(err, infer.ErrFrame) || e.Holds("forged") {
+			t.Errorf("a frame of another conversation than the one asked for: %v", err)
+		}
+		if _, err := e.Import(t.Context(), frame(10, 10), false, "forged"); err != nil {
 			t.Errorf("a consistent frame: %v", err)
 		}
 		if _, _, cached := ask(t, e, "keep", "a conversation that must not change t1 t2 more", 2); cached == 0 {

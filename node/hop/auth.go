@@ -169,3 +169,42 @@ func (a *Auth) verify(in Inbound) error {
 	a.order = append(a.order, nonce)
 	return nil
 }
+
+// SignAnswer sets the signature of an answer from this node to asker's hop whose nonce was
+// nonce, for a body of which the SHA-256 is at hand: an answer a node acts on (a KV frame
+// it installs) is bound to what it asked, so it can be neither forged nor swapped for the
+// answer to another request.
+func (a *Auth) SignAnswer(set func(name, value string), path, asker, nonce string, body [32]byte) {
+	if len(a.keys) > 0 {
+		set(HeaderSignature, hex.EncodeToString(answerMAC(a.keys[0], path, a.self, asker, nonce, body)))
+	}
+}
+
+// VerifyAnswer checks the signature (header) of from's answer to this node's hop whose
+// nonce was nonce, for a body with the SHA-256 body.
+func (a *Auth) VerifyAnswer(header func(string) string, path, from, nonce string, body [32]byte) error {
+	if len(a.keys) == 0 {
+		return nil
+	}
+	sig, err := hex.DecodeString(header(HeaderSignature))
+	if err != nil || len(sig) == 0 {
+		return fmt.Errorf("%w: answer from %s not signed", ErrUnauthorized, from)
+	}
+	for _, k := range a.keys {
+		if hmac.Equal(sig, answerMAC(k, path, from, a.self, nonce, body)) {
+			return nil
+		}
+	}
+	return fmt.Errorf("%w: answer from %s: bad signature", ErrUnauthorized, from)
+}
+
+// answerMAC is the signature of an answer: its own label, so that no request's signature
+// passes for an answer's.
+func answerMAC(key []byte, path, from, to, nonce string, sum [32]byte) []byte {
+	m := hmac.New(sha256.New, key)
+	for _, part := range []string{"infernode-hop-answer", path, from, to, nonce, hex.EncodeToString(sum[:])} {
+		m.Write([]byte(part))
+		m.Write([]byte{'\n'})
+	}
+	return m.Sum(nil)
+}

@@ -2,6 +2,7 @@ package kvmove
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"io"
 	"log/slog"
@@ -42,7 +43,8 @@ func (f *fakeRing) Prefill(p string) float64        { return f.prefill[p] }
 func (f *fakeRing) Joined() time.Time               { return f.joined }
 func (f *fakeRing) Happened(string, string, string) {}
 
-// fakeLocal records the frames imported into it and holds nothing.
+// fakeLocal records the frames imported into it and holds nothing. A frame is "frame of
+// KEY"; one of another key than the one asked for is refused, as the engine does.
 type fakeLocal struct {
 	mu     sync.Mutex
 	frames []string
@@ -51,7 +53,10 @@ type fakeLocal struct {
 func (l *fakeLocal) Snapshot(context.Context, string) (infer.Frame, error) {
 	return nil, infer.ErrNotCached
 }
-func (l *fakeLocal) Import(_ context.Context, b []byte, _ bool) (infer.Imported, error) {
+func (l *fakeLocal) Import(_ context.Context, b []byte, _ bool, want string) (infer.Imported, error) {
+	if want != "" && string(b) != "frame of "+want {
+		return infer.Imported{}, infer.ErrFrame
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.frames = append(l.frames, string(b))
@@ -63,12 +68,14 @@ func (l *fakeLocal) Holds(string) bool                               { return fa
 func (l *fakeLocal) Stats() infer.Stats                              { return infer.Stats{} }
 
 // peer is a node's receiving end of KV movement: it verifies each hop, records the paths
-// of the frames pushed to it, and answers pulls with "frame of KEY".
+// of the frames pushed to it, and answers pulls with "frame of KEY", signed (or as answer
+// says, for the forgery tests).
 type peer struct {
 	Peer
-	auth *hop.Auth
-	mu   sync.Mutex
-	took []string
+	auth   *hop.Auth
+	mu     sync.Mutex
+	took   []string
+	answer func(key, nonce string, w http.ResponseWriter) // nil: the honest answer
 }
 
 func startPeer(t *testing.T, id string) *peer {
@@ -83,7 +90,14 @@ func startPeer(t *testing.T, id string) *peer {
 		p.took = append(p.took, r.URL.Path)
 		p.mu.Unlock()
 		if r.URL.Path == hop.PullPath {
-			w.Write([]byte("frame of " + string(body)))
+			nonce := r.Header.Get(hop.HeaderNonce)
+			if p.answer != nil {
+				p.answer(string(body), nonce, w)
+				return
+			}
+			frame := []byte("frame of " + string(body))
+			p.auth.SignAnswer(w.Header().Set, hop.PullPath, r.Header.Get(hop.HeaderFrom), nonce, sha256.Sum256(frame))
+			w.Write(frame)
 		}
 	}))
 	t.Cleanup(srv.Close)
@@ -252,5 +266,46 @@ func TestPullOnMiss(t *testing.T) {
 	turn("later", true)
 	if len(local.frames) != 1 {
 		t.Errorf("pulled after the pull window: %q", local.frames)
+	}
+}
+
+// TestPullAnswerBound: a pulled frame is installed only when the node asked signed it for
+// this very pull and it is of the conversation asked for: an unsigned answer, one signed
+// for another pull, one signed with another key, and a frame of another conversation
+// change nothing.
+func TestPullAnswerBound(t *testing.T) {
+	b := startPeer(t, "b")
+	local := &fakeLocal{}
+	ring := &fakeRing{heirs: []Peer{b.Peer}, joined: time.Now()}
+	m := newMover(t, ring, local, nil)
+	other := hop.NewAuth("b", []byte("another key of sixteen+ bytes"), nil, time.Now, 30*time.Second)
+	for name, answer := range map[string]func(key, nonce string, w http.ResponseWriter){
+		"unsigned": func(key, _ string, w http.ResponseWriter) { w.Write([]byte("frame of " + key)) },
+		"signed for another pull": func(key, _ string, w http.ResponseWriter) {
+			f := []byte("frame of " + key)
+			b.auth.SignAnswer(w.Header().Set, hop.PullPath, "a", strings.Repeat("ab", 16), sha256.Sum256(f))
+			w.Write(f)
+		},
+		"signed with another key": func(key, nonce string, w http.ResponseWriter) {
+			f := []byte("frame of " + key)
+			other.SignAnswer(w.Header().Set, hop.PullPath, "a", nonce, sha256.Sum256(f))
+			w.Write(f)
+		},
+		"another conversation": func(_, nonce string, w http.ResponseWriter) {
+			f := []byte("frame of someone-else")
+			b.auth.SignAnswer(w.Header().Set, hop.PullPath, "a", nonce, sha256.Sum256(f))
+			w.Write(f)
+		},
+	} {
+		b.answer = answer
+		m.BeforeServe(t.Context(), infer.Request{SessionID: "conv-" + name, FollowUp: true, Prompt: "hi"})
+		if len(local.frames) != 0 {
+			t.Fatalf("%s: installed %q", name, local.frames)
+		}
+	}
+	b.answer = nil
+	m.BeforeServe(t.Context(), infer.Request{SessionID: "honest", FollowUp: true, Prompt: "hi"})
+	if !slices.Equal(local.frames, []string{"frame of honest"}) {
+		t.Errorf("the honest answer: installed %q", local.frames)
 	}
 }

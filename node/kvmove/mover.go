@@ -45,7 +45,7 @@ type Local interface {
 	// idle here).
 	Snapshot(ctx context.Context, key string) (infer.Frame, error)
 	// Import installs a frame, as a replica or as a conversation this node owns.
-	Import(ctx context.Context, frame []byte, replica bool) (infer.Imported, error)
+	Import(ctx context.Context, frame []byte, replica bool, want string) (infer.Imported, error)
 	// Conversations lists the conversations cached, most recently used first.
 	Conversations(ctx context.Context) ([]string, error)
 	// Demote keeps a conversation that moved to its owner as a replica here.

@@ -3,6 +3,7 @@ package kvmove
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -90,6 +91,7 @@ func (m *Mover) pull(ctx context.Context, from Peer, key string) (int, error) {
 		return 0, err
 	}
 	m.hop.Sign(req.Header.Set, "POST", hop.PullPath, from.ID, body)
+	nonce := req.Header.Get(hop.HeaderNonce)
 	resp, err := m.client.Do(req)
 	if err != nil {
 		return 0, fmt.Errorf("pull KV from %s: %w", from.ID, err)
@@ -109,7 +111,12 @@ func (m *Mover) pull(ctx context.Context, from Peer, key string) (int, error) {
 	case len(frame) > maxPulled:
 		return 0, fmt.Errorf("pull KV from %s: a frame over %d bytes", from.ID, maxPulled)
 	}
-	if _, err := m.local.Import(ctx, frame, false); err != nil {
+	// The frame is installed only if the node asked signed it, for this pull, and it is of
+	// the conversation asked for.
+	if err := m.hop.VerifyAnswer(resp.Header.Get, hop.PullPath, from.ID, nonce, sha256.Sum256(frame)); err != nil {
+		return len(frame), fmt.Errorf("pull KV from %s: %w", from.ID, err)
+	}
+	if _, err := m.local.Import(ctx, frame, false, key); err != nil {
 		return len(frame), err
 	}
 	return len(frame), nil
@@ -118,7 +125,7 @@ func (m *Mover) pull(ctx context.Context, from Peer, key string) (int, error) {
 // Take installs a frame a peer pushed (the receiving end of a push or a replica).
 func (m *Mover) Take(ctx context.Context, frame []byte, replica bool, from string) (infer.Imported, error) {
 	start := m.now()
-	res, err := m.local.Import(ctx, frame, replica)
+	res, err := m.local.Import(ctx, frame, replica, "")
 	m.Observe("received", len(frame), m.now().Sub(start), err)
 	if err != nil {
 		m.log.Warn("KV frame refused", "from", from, "bytes", len(frame), "err", err)
@@ -131,10 +138,11 @@ func (m *Mover) Take(ctx context.Context, frame []byte, replica bool, from strin
 // ErrNotHeld: a pull asked for a conversation not cached here.
 var ErrNotHeld = errors.New("conversation not held here")
 
-// Give answers a pull from peer (the receiving end of one): key's frame, to be written and
-// then released; ErrNotHeld; or ErrRecompute when peer would prefill it sooner. The copy
-// here stays, as a replica.
-func (m *Mover) Give(ctx context.Context, key, peer string) (infer.Frame, error) {
+// Give answers a pull from peer (the receiving end of one), whose hop had nonce: key's
+// frame, to be written and then released, with the answer's signature set by sign;
+// ErrNotHeld; or ErrRecompute when peer would prefill it sooner. The copy here stays, as a
+// replica.
+func (m *Mover) Give(ctx context.Context, key, peer, nonce string, sign func(name, value string)) (infer.Frame, error) {
 	frame, err := m.local.Snapshot(ctx, key)
 	switch {
 	case errors.Is(err, infer.ErrNotCached):
@@ -147,6 +155,12 @@ func (m *Mover) Give(ctx context.Context, key, peer string) (infer.Frame, error)
 		m.log.Debug("KV pull: cheaper to recompute", "by", peer, "session", key, "tokens", frame.Tokens(), "bytes", frame.Len())
 		return nil, ErrRecompute
 	}
+	hash := sha256.New()
+	if _, err := frame.WriteTo(hash); err != nil {
+		frame.Release()
+		return nil, err
+	}
+	m.hop.SignAnswer(sign, hop.PullPath, peer, nonce, [32]byte(hash.Sum(nil)))
 	m.log.Debug("KV pulled", "by", peer, "session", key, "tokens", frame.Tokens(), "bytes", frame.Len())
 	m.local.Demote(ctx, key)
 	return given{frame, m}, nil

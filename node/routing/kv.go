@@ -22,9 +22,10 @@ func (r *Router) TakeKV(ctx context.Context, frame []byte, replica bool, from st
 	return r.kv.Take(ctx, frame, replica, from)
 }
 
-// GiveKV answers a peer's pull (see kvmove.Mover.Give).
-func (r *Router) GiveKV(ctx context.Context, key, peer string) (infer.Frame, error) {
-	return r.kv.Give(ctx, key, peer)
+// GiveKV answers a peer's pull whose hop had nonce, signing the answer with sign (see
+// kvmove.Mover.Give).
+func (r *Router) GiveKV(ctx context.Context, key, peer, nonce string, sign func(name, value string)) (infer.Frame, error) {
+	return r.kv.Give(ctx, key, peer, nonce, sign)
 }
 
 // ServeLocal serves req on this node's engine, first pulling its conversation's KV from
