@@ -38,6 +38,14 @@ type Config struct {
 	// MaxKVBytes refuses larger KV frames (a conversation's cache pushed by a peer) with
 	// 413. Default 64 MiB: 2,800 tokens of a 135M model at f16.
 	MaxKVBytes int
+	// MaxConns bounds the connections the node serves at once (each holds a goroutine and
+	// buffers); more wait to be accepted. Default 4096.
+	MaxConns int
+	// KVImports bounds the KV frames peers push that are installed at once; more are
+	// refused as busy (the sender's conversation is then recomputed). Default 2.
+	KVImports int
+	// MaxFeeds bounds the event feeds (GET /v1/events) open at once. Default 16.
+	MaxFeeds int
 	// MaxTokens is the largest max_tokens a request may ask for. Default 8192.
 	MaxTokens int
 	// MaxStreams is how many generation requests may be in flight on this node, served
@@ -72,6 +80,9 @@ func DefaultConfig() Config {
 		Addr:           ":8080",
 		MaxBodyBytes:   4 << 20,          // ~1M tokens of text: far past any context
 		MaxKVBytes:     64 << 20,         // the whole context of a small model's conversation
+		MaxConns:       4096,             // a goroutine and 8 KiB of buffers each
+		KVImports:      2,                // an import holds the frame and stalls the engine briefly
+		MaxFeeds:       16,               // dashboards and operators, not clients
 		MaxTokens:      8192,             // the default context
 		MaxStreams:     1024,             // a goroutine and a socket each; the engine queue sheds load
 		RequestTimeout: 10 * time.Minute, // a long generation on a slow CPU
@@ -95,6 +106,8 @@ func (c Config) Validate() error {
 	check(c.MaxTokens >= 1, "max tokens must be at least 1, got %d", c.MaxTokens)
 	check(c.StreamBuffer >= 4096, "stream buffer must be at least 4096 bytes, got %d", c.StreamBuffer)
 	check(c.MaxStreams >= 1, "max streams must be at least 1, got %d", c.MaxStreams)
+	check(c.MaxConns >= 1 && c.KVImports >= 1 && c.MaxFeeds >= 1, "max connections, KV imports and feeds must be at least 1, got %d, %d and %d",
+		c.MaxConns, c.KVImports, c.MaxFeeds)
 	p.Positive("request timeout", c.RequestTimeout)
 	p.Positive("write timeout", c.WriteTimeout)
 	p.Positive("read timeout", c.ReadTimeout)

@@ -32,8 +32,14 @@ const feedKeepAlive = 15 * time.Second
 // each, the recent ones first, then as they happen, until the client goes or the node
 // shuts down.
 func (s *Server) handleEvents(ctx *fasthttp.RequestCtx) {
+	if s.feeds.Add(1) > int64(s.cfg.MaxFeeds) {
+		s.feeds.Add(-1)
+		writeError(ctx, errTooManyFeeds)
+		return
+	}
 	recent, next, stop := s.cluster.Happenings()
-	s.streamBody(ctx, "text/event-stream", true, func(error) {}, stop, func(sse *sseWriter) error {
+	done := func() { stop(); s.feeds.Add(-1) }
+	s.streamBody(ctx, "text/event-stream", true, func(error) {}, done, func(sse *sseWriter) error {
 		for _, e := range recent {
 			if err := sse.event(e); err != nil {
 				return err

@@ -48,6 +48,10 @@ var (
 		Message: "too many requests in flight on this node; retry shortly", RetryAfter: 1}
 	errInternal = &hop.Error{Status: fasthttp.StatusInternalServerError, Type: "server_error", Code: "internal_error",
 		Message: "internal error; the node logged it and keeps serving"}
+	errKVBusy = &hop.Error{Status: fasthttp.StatusServiceUnavailable, Type: "server_error", Code: "overloaded",
+		Message: "KV imports busy on this node; the conversation is recomputed", RetryAfter: 1}
+	errTooManyFeeds = &hop.Error{Status: fasthttp.StatusServiceUnavailable, Type: "server_error", Code: "overloaded",
+		Message: "too many event feeds open on this node", RetryAfter: 5}
 	errNotReady = &hop.Error{Status: fasthttp.StatusServiceUnavailable, Type: "server_error", Code: "not_ready",
 		Message: "this node is not ready to serve (loading the model or shutting down)", RetryAfter: 2}
 )

@@ -2,12 +2,16 @@ package node
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"io"
 	"net/http"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/infernode/infernode/node/hop"
 	"github.com/infernode/infernode/session/infer"
 )
 
@@ -136,5 +140,48 @@ func TestHostileFields(t *testing.T) {
 	}
 	if resp := postJSON(t, url+"/v1/completions", `{"prompt":"hi","session_id":"fine"}`); resp.StatusCode != 200 {
 		t.Errorf("after the hostile fields: %d", resp.StatusCode)
+	}
+}
+
+// TestKVBodyLimit: on a cluster node, a KV frame larger than an API request is read only
+// when the peer's signature over the body's declared hash checks out as the headers
+// arrive; the same body with a forged signature, or without the hash, is refused with 413
+// before it is read, and so is an API request that large.
+func TestKVBodyLimit(t *testing.T) {
+	nodes := startFakeCluster(t, 2, testSecret)
+	target := nodes[1]
+	body := make([]byte, 5<<20) // over the 4 MiB of an API request
+	sum := sha256.Sum256(body)
+	post := func(path string, signer *hop.Auth, hash bool) int {
+		req, _ := http.NewRequest("POST", target.url+path, bytes.NewReader(body))
+		req.Header.Set("Content-Type", "application/octet-stream")
+		if hash {
+			req.Header.Set(hop.HeaderBodyHash, hex.EncodeToString(sum[:]))
+		}
+		if signer != nil {
+			signer.SignHash(req.Header.Set, "POST", path, "n2", sum)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0 // the node closed the connection mid-upload: refused too
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	peer := hop.NewAuth("n1", testSecret, nil, time.Now, 30*time.Second)
+	forger := hop.NewAuth("n1", []byte("not the cluster secret at all!!!"), nil, time.Now, 30*time.Second)
+	// The fake engine refuses every frame (400): reaching it means the body was read.
+	if status := post(hop.KVPath, peer, true); status != 400 {
+		t.Errorf("a signed 5 MiB frame: status %d, want it read (400 from the fake engine)", status)
+	}
+	for name, status := range map[string]int{
+		"forged":       post(hop.KVPath, forger, true),
+		"without hash": post(hop.ReplicaPath, peer, false),
+		"unsigned":     post(hop.KVPath, nil, true),
+		"API":          post("/v1/completions", nil, false),
+	} {
+		if status != 413 && status != 0 {
+			t.Errorf("%s, 5 MiB: status %d, want 413 before the body is read", name, status)
+		}
 	}
 }

@@ -19,6 +19,13 @@ func (s *Server) handleKV(ctx *fasthttp.RequestCtx, replica bool) {
 		writeError(ctx, err)
 		return
 	}
+	select {
+	case s.kvImports <- struct{}{}:
+		defer func() { <-s.kvImports }()
+	default:
+		writeError(ctx, errKVBusy)
+		return
+	}
 	res, err := s.cluster.TakeKV(s.base, ctx.PostBody(), replica, string(ctx.Request.Header.Peek(hop.HeaderFrom)))
 	if err != nil {
 		writeError(ctx, err)

@@ -35,17 +35,19 @@ type Engine interface {
 
 // Server serves the HTTP API of one node.
 type Server struct {
-	cfg     Config
-	log     *slog.Logger
-	engine  Engine  // the local engine
-	cluster Cluster // its routing.Router, or Standalone
-	metrics *metrics
-	http    *fasthttp.Server
-	promh   fasthttp.RequestHandler
-	routes  map[string]route
-	slots   chan struct{}           // one token per in-flight generation (MaxStreams)
-	keys    atomic.Pointer[keyring] // the key file's (see tenants.go)
-	created int64
+	cfg       Config
+	log       *slog.Logger
+	engine    Engine  // the local engine
+	cluster   Cluster // its routing.Router, or Standalone
+	metrics   *metrics
+	http      *fasthttp.Server
+	promh     fasthttp.RequestHandler
+	routes    map[string]route
+	slots     chan struct{}           // one token per in-flight generation (MaxStreams)
+	kvImports chan struct{}           // one token per KV frame being installed (KVImports)
+	feeds     atomic.Int64            // event feeds open
+	keys      atomic.Pointer[keyring] // the key file's (see tenants.go)
+	created   int64
 	// stopFeeds is closed when the server shuts down: event feeds (GET /v1/events) end.
 	stopFeeds chan struct{}
 
@@ -101,20 +103,23 @@ func New(cfg Config, engine Engine, cluster Cluster) (*Server, error) {
 	s.base, s.cancelBase = context.WithCancel(context.Background())
 	s.promh = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}))
 	s.routes = s.routeTable()
+	s.kvImports = make(chan struct{}, cfg.KVImports)
 	s.http = &fasthttp.Server{
-		Handler:              s.handle,
-		ErrorHandler:         s.handleParseError,
-		Name:                 "infernode",
-		MaxRequestBodySize:   2 * cfg.MaxBodyBytes, // up to here, a clean 413 from handle; past it fasthttp resets mid-upload
+		Handler:        s.handle,
+		ErrorHandler:   s.handleParseError,
+		HeaderReceived: s.bodyLimit,
+		Name:           "infernode",
+		Concurrency:    cfg.MaxConns,
+		// Up to here, a clean 413 from handle; past it fasthttp refuses as the headers
+		// arrive (a declared length) or as the body does, never holding more. Only a KV
+		// frame a peer signed gets more (see bodyLimit).
+		MaxRequestBodySize:   cfg.MaxBodyBytes + 64<<10,
 		ReadTimeout:          cfg.ReadTimeout,
 		WriteTimeout:         cfg.WriteTimeout, // per response; streams extend it per event
 		IdleTimeout:          cfg.IdleTimeout,
 		CloseOnShutdown:      true,
 		NoDefaultContentType: true,
 		Logger:               fasthttpLogger{s.log},
-	}
-	if cluster.Hop() != nil { // peers push KV frames, larger than any API request
-		s.http.MaxRequestBodySize = max(2*cfg.MaxBodyBytes, cfg.MaxKVBytes)
 	}
 	return s, nil
 }
@@ -241,6 +246,22 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	default:
 		s.guard(ctx, r)
 	}
+}
+
+// bodyLimit decides a request's body limit as its headers arrive, before any of the body
+// is read (fasthttp allocates a declared length up front): an API request's, unless it is
+// a KV frame pushed by a peer whose signature over the body's declared hash checks out.
+// Hop headers alone prove nothing: anyone can send them.
+func (s *Server) bodyLimit(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
+	auth := s.cluster.Hop()
+	path, _, _ := strings.Cut(string(h.RequestURI()), "?")
+	if auth == nil || (path != hop.KVPath && path != hop.ReplicaPath) {
+		return fasthttp.RequestConfig{}
+	}
+	if err := auth.Preverify(string(h.Method()), path, func(name string) string { return string(h.Peek(name)) }); err != nil {
+		return fasthttp.RequestConfig{}
+	}
+	return fasthttp.RequestConfig{MaxRequestBodySize: s.cfg.MaxKVBytes}
 }
 
 // route is how one path is served.

@@ -25,6 +25,7 @@ type Engine struct {
 	seqCells int     // cells one sequence may use
 	share    int     // generated tokens a request claims cells for at admission: cells/sequences
 	bos      []int32 // what tokenizing adds before every prompt (the model's BOS, if it wants one)
+	maxPiece int     // the longest piece of the vocabulary, in bytes: bounds a prompt's bytes by its tokens
 
 	mu      sync.Mutex
 	waiting []*job      // FIFO, at most cfg.MaxQueue; guarded by mu
@@ -117,8 +118,12 @@ func newEngine(cfg Config, b Backend, log *slog.Logger) *Engine {
 		seed = uint64(time.Now().UnixNano())
 	}
 	bos, _ := b.Tokenize("", true, false) // nothing when the tokenizer fails: warm falls back to token 0
+	maxPiece := 1
+	for tok := range b.NumVocab() {
+		maxPiece = max(maxPiece, len(b.Piece(int32(tok))))
+	}
 	e := &Engine{
-		cfg: cfg, log: log, b: b, bos: bos,
+		cfg: cfg, log: log, b: b, bos: bos, maxPiece: maxPiece,
 		batch:    NewBatch(cfg.BatchSize),
 		rng:      rand.New(rand.NewPCG(seed, seed>>32|1)),
 		cells:    b.Cells(),
@@ -207,6 +212,12 @@ func (e *Engine) Submit(ctx context.Context, req infer.Request) (*Stream, error)
 	e.mu.Unlock()
 	if full { // refuse before tokenizing: under overload, refusals must cost next to nothing
 		return nil, e.refuse()
+	}
+	// A prompt longer in bytes than the longest prompt could spell is refused before it is
+	// tokenized (which takes time and memory in proportion, three times over for text that
+	// spells control tokens).
+	if limit := e.MaxPromptTokens(); len(req.Prompt) > limit*e.maxPiece {
+		return nil, &infer.PromptTooLongError{Bytes: len(req.Prompt), Limit: limit}
 	}
 	prompt, err := e.tokenize(req.Prompt)
 	if err != nil {

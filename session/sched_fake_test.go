@@ -288,3 +288,22 @@ func TestFakeImportPositions(t *testing.T) {
 		}
 	})
 }
+
+// TestFakePromptBytes: a prompt longer in bytes than the longest prompt could spell is
+// refused before it is tokenized; one just within is tokenized and judged by its tokens.
+func TestFakePromptBytes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e, _, stop := startFake(t, func(c *Config) { c.MaxPromptTokens = 100 })
+		defer stop()
+		huge := strings.Repeat("x", 100*e.maxPiece+1)
+		_, err := e.Submit(t.Context(), infer.Request{Prompt: huge, MaxTokens: 1, Sampling: infer.Greedy()})
+		var tooLong *infer.PromptTooLongError
+		if !errors.As(err, &tooLong) || tooLong.Bytes != len(huge) {
+			t.Errorf("a prompt of %d bytes: %v, want refused by its bytes", len(huge), err)
+		}
+		words := strings.Repeat("w ", 200) // 400 bytes, 201 tokens
+		if _, err := e.Submit(t.Context(), infer.Request{Prompt: words, MaxTokens: 1, Sampling: infer.Greedy()}); !errors.As(err, &tooLong) || tooLong.Tokens != 201 {
+			t.Errorf("201 tokens: %v, want refused by its tokens", err)
+		}
+	})
+}

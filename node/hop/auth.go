@@ -117,8 +117,33 @@ func mac(key []byte, method, path, from, to, version, ts, nonce string, sum [32]
 	return m.Sum(nil)
 }
 
-// verify checks a hop addressed to this node.
-func (a *Auth) verify(in Inbound) error {
+// Preverify checks, when only a hop's headers have arrived, the signature over the body's
+// SHA-256 the sender claims (HeaderBodyHash): a body may be allowed a larger size only
+// then. It records nothing (Authenticate does, over the body itself), and refuses a nonce
+// already seen, so a replayed hop gets no larger limit either.
+func (a *Auth) Preverify(method, path string, header func(string) string) error {
+	claimed, err := hex.DecodeString(header(HeaderBodyHash))
+	if err != nil || len(claimed) != sha256.Size {
+		return fmt.Errorf("%w: no body hash", ErrUnauthorized)
+	}
+	in := Inbound{Method: method, Path: path, Header: header}
+	if err := a.check(in, [32]byte(claimed), false); err != nil {
+		return err
+	}
+	v := header(HeaderVersion)
+	major, _, _ := strings.Cut(v, ".")
+	if n, err := strconv.Atoi(major); err != nil || n != Major {
+		return fmt.Errorf("%w: got %q, this node speaks %d.x", ErrVersion, v, Major)
+	}
+	return nil
+}
+
+// verify checks a hop addressed to this node and records its nonce.
+func (a *Auth) verify(in Inbound) error { return a.check(in, sha256.Sum256(in.Body), true) }
+
+// check checks a hop addressed to this node whose body has the SHA-256 sum; record
+// remembers its nonce (a check that records nothing still refuses one seen).
+func (a *Auth) check(in Inbound, sum [32]byte, record bool) error {
 	self := a.self
 	if len(a.keys) == 0 {
 		return nil
@@ -129,7 +154,6 @@ func (a *Auth) verify(in Inbound) error {
 		return fail("no signature")
 	}
 	to, ts, nonce := in.Header(HeaderTo), in.Header(HeaderTime), in.Header(HeaderNonce)
-	sum := sha256.Sum256(in.Body)
 	valid := false
 	for _, k := range a.keys {
 		valid = valid || hmac.Equal(sig, mac(k, in.Method, in.Path, in.Header(HeaderFrom), to, in.Header(HeaderVersion), ts, nonce, sum))
@@ -163,6 +187,9 @@ func (a *Auth) verify(in Inbound) error {
 	}
 	if _, dup := a.seen[nonce]; dup {
 		return fail("replayed nonce")
+	}
+	if !record {
+		return nil
 	}
 	// A nonce must be remembered as long as its timestamp is acceptable: until ts+maxSkew.
 	a.seen[nonce] = time.UnixMilli(ms).Add(a.maxSkew)

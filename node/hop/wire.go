@@ -46,6 +46,10 @@ const (
 	HeaderTime      = "X-Infernode-Hop-Time"    // the sender's clock, Unix milliseconds
 	HeaderNonce     = "X-Infernode-Hop-Nonce"   // 16 random bytes, hex
 	HeaderSignature = "X-Infernode-Signature"   // hex HMAC-SHA256, see signature
+	// HeaderBodyHash is the hex SHA-256 of a KV frame pushed (the body): the signature
+	// covers it, so the receiver can check the signature when the headers arrive, and only
+	// then accept a body larger than an API request's.
+	HeaderBodyHash = "X-Infernode-Body-SHA256"
 
 	// NodeHeader names the node that served an answer; PromptHeader how many tokens its
 	// prompt has and CachedHeader how many of them it found in its KV cache. Set on hop

@@ -3,6 +3,7 @@ package kvmove
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -336,7 +337,9 @@ func (m *Mover) send(ctx context.Context, p Peer, path string, frame infer.Frame
 	}
 	req.ContentLength = int64(frame.Len())
 	req.Header.Set("Content-Type", "application/octet-stream")
-	m.hop.SignHash(req.Header.Set, "POST", path, p.ID, [32]byte(hash.Sum(nil)))
+	sum := [32]byte(hash.Sum(nil))
+	req.Header.Set(hop.HeaderBodyHash, hex.EncodeToString(sum[:]))
+	m.hop.SignHash(req.Header.Set, "POST", path, p.ID, sum)
 	resp, err := m.client.Do(req)
 	if err != nil {
 		return fmt.Errorf("push KV to %s: %w", p.ID, err)

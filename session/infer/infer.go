@@ -148,9 +148,15 @@ func (e *OverloadedError) Is(target error) bool { return target == ErrOverloaded
 // PromptTooLongError reports a prompt that cannot fit.
 type PromptTooLongError struct {
 	Tokens, Limit int
+	// Bytes, when set, is the prompt's length in bytes, refused before tokenizing: more
+	// than Limit tokens of the longest piece the vocabulary has.
+	Bytes int
 }
 
 func (e *PromptTooLongError) Error() string {
+	if e.Bytes > 0 {
+		return fmt.Sprintf("prompt is %d bytes, more than the %d tokens a sequence can hold with room to generate could spell", e.Bytes, e.Limit)
+	}
 	return fmt.Sprintf("prompt is %d tokens, more than the %d a sequence can hold with room to generate", e.Tokens, e.Limit)
 }
 
