@@ -10,7 +10,6 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/infernode/infernode/node/hop"
-	"github.com/infernode/infernode/node/routing"
 	"github.com/infernode/infernode/session/infer"
 )
 
@@ -78,9 +77,6 @@ func toAPIError(err error) *hop.Error {
 		e := badRequest("", "%s", err.Error())
 		e.Code = "hop_version"
 		return e
-	case errors.Is(err, routing.ErrNoModel): // its last node left between parsing and routing
-		return &hop.Error{Status: fasthttp.StatusNotFound, Type: "invalid_request_error", Param: "model", Code: "model_not_found",
-			Message: err.Error()}
 	case errors.As(err, &tooLong):
 		e := badRequest("messages", "%s", tooLong.Error())
 		e.Code = "context_length_exceeded"

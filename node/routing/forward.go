@@ -29,8 +29,6 @@ var (
 	ErrHeaderTimeout = errors.New("owner sent no answer in time")
 	// ErrStalled: the owner sent nothing on an answer for Config.ProgressTimeout.
 	ErrStalled = errors.New("owner stalled")
-	// ErrNoModel: no live node of the cluster serves the model a request names.
-	ErrNoModel = errors.New("no node serves the model")
 )
 
 // Route says where st, a stream this router returned, is served: the node serving it now
@@ -57,12 +55,12 @@ func (r *Router) Submit(ctx context.Context, req infer.Request) (infer.Stream, e
 // SubmitModel serves req on the owner of its conversation on model's ring: Submit for
 // this node's model, and for a model only peers serve, a forward to them (with no local
 // fallback). A chat for such a model comes as req.Messages, which its owner formats. It
-// fails with ErrNoModel when no live peer serves model, and with a busy *hop.Error (503) when
+// fails with NoModel's error (404) when no live peer serves model, and with a busy *hop.Error (503) when
 // none of those that do could take the request.
 func (r *Router) SubmitModel(ctx context.Context, model string, req infer.Request) (infer.Stream, error) {
 	t, ok := r.v.target(model)
 	if !ok {
-		return nil, fmt.Errorf("%w: %q", ErrNoModel, model)
+		return nil, NoModel(model)
 	}
 	return r.submit(ctx, t, req, nil, "")
 }
@@ -528,3 +526,10 @@ var (
 	_ infer.Stream = (*routed)(nil)
 	_ infer.Stream = finished{}
 )
+
+// NoModel is the error of a request for a model no live node of the cluster serves (its
+// last node left between parsing and routing): 404 model_not_found.
+func NoModel(model string) *hop.Error {
+	return &hop.Error{Status: http.StatusNotFound, Type: "invalid_request_error", Param: "model", Code: "model_not_found",
+		Message: fmt.Sprintf("no node serves the model %q", model)}
+}

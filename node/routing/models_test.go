@@ -48,8 +48,9 @@ func TestOtherModels(t *testing.T) {
 	if got := c.entry.Models(); !slices.Equal(got, want) {
 		t.Fatalf("Models() = %+v, want %+v", got, want)
 	}
-	if _, err := c.entry.SubmitModel(t.Context(), "nope", greedy("k", "x", 4)); !errors.Is(err, ErrNoModel) {
-		t.Fatalf("a model nobody serves: err = %v, want ErrNoModel", err)
+	var e *hop.Error
+	if _, err := c.entry.SubmitModel(t.Context(), "nope", greedy("k", "x", 4)); !errors.As(err, &e) || e.Code != "model_not_found" {
+		t.Fatalf("a model nobody serves: err = %v, want model_not_found", err)
 	}
 
 	// A chat for m2 goes to its owner on m2's ring as messages; the owner formats them.
