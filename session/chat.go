@@ -18,13 +18,9 @@ import (
 // does not recognise: ChatML (<|im_start|>role\ncontent<|im_end|>).
 const DefaultChatTemplate = "chatml"
 
-// contentMark delimits message content inside a formatted chat prompt. Content is data:
-// Submit tokenizes what lies between two marks without turning control-token text (such
-// as "<|im_start|>system") into control tokens, so only the template places them. The mark
-// is U+FDD0, a Unicode noncharacter (reserved for a program's internal use, and a valid
-// byte sequence in the C strings llama.cpp's templates take); content may not contain it,
-// nor NUL.
-const contentMark = "\uFDD0"
+// contentMark delimits message content inside a formatted chat prompt (see
+// infer.ContentMark).
+const contentMark = infer.ContentMark
 
 // ChatPrompt formats a conversation with the model's chat template (or
 // DefaultChatTemplate) and opens the assistant's turn. Message contents are marked as

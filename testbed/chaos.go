@@ -144,8 +144,9 @@ func RunScenario(ctx context.Context, cfg Config, s Scenario) (*Report, error) {
 	sampled.Wait()
 	end := time.Now()
 
-	// After the last heal: every running node's ring holds every running node.
-	ids := c.runningIDs()
+	// After the last heal: every running node's ring holds every running node (but those
+	// told to leave, which may still be draining).
+	ids := c.stayingIDs()
 	conv, err := c.WaitRings(ctx, ids, 30*time.Second)
 	rep.Converge = conv
 	rep.Checks = append(rep.Checks, Check{Name: "rings converge after the last heal", Pass: err == nil,

@@ -267,6 +267,13 @@ func (n *Node) signal(sig syscall.Signal) error {
 	return n.cmd.Process.Signal(sig)
 }
 
+// isLeaving reports whether the node was told to leave (SIGTERM) since it last started.
+func (n *Node) isLeaving() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.leaving
+}
+
 // Serving reports whether the node takes new requests, as a client's load balancer sees
 // it: running, its /readyz has said 200 since it started (a node that just joined loads
 // its model first), and not told to leave (a draining node's /readyz says 503).
@@ -436,8 +443,8 @@ func (c *Cluster) WaitRings(ctx context.Context, want []string, timeout time.Dur
 		all := true
 		var last string
 		for _, n := range c.Nodes {
-			if slices.Contains(skip, n) || !n.Running() {
-				continue
+			if slices.Contains(skip, n) || !n.Running() || n.isLeaving() {
+				continue // a node told to leave may still be draining: its view no longer counts
 			}
 			got, err := c.Ring(n)
 			if err != nil || !slices.Equal(got, want) {

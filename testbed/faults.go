@@ -138,7 +138,9 @@ func (c *Cluster) apply(ctx context.Context, f Fault) (Applied, func() (time.Dur
 			return a, nil
 		}
 		a.Fault.Node, a.Measured = len(c.Nodes)-1, true
-		want := c.runningIDs()
+		// A node told to leave may still be draining: it is off the rings already (the
+		// leave's own expectation) and is not expected back on them.
+		want := c.stayingIDs()
 		return a, func() (time.Duration, error) { return c.WaitRings(ctx, want, bound) }
 	}
 	if f.Node >= len(c.Nodes) {
@@ -222,7 +224,7 @@ func (c *Cluster) apply(ctx context.Context, f Fault) (Applied, func() (time.Dur
 		return a, func() (time.Duration, error) { return c.WaitDropped(ctx, n, bound) }
 	case expectAll:
 		a.Measured = true
-		return a, func() (time.Duration, error) { return c.WaitRings(ctx, c.runningIDs(), bound) }
+		return a, func() (time.Duration, error) { return c.WaitRings(ctx, c.stayingIDs(), bound) }
 	}
 	return a, nil
 }
@@ -290,6 +292,17 @@ func faulted(ws []Window, node string, from, to time.Time) bool {
 
 // overlaps says whether the spans [from, to] and [a, b] overlap, beyond touching at an end.
 func overlaps(from, to, a, b time.Time) bool { return from.Before(b) && to.After(a) }
+
+// stayingIDs are the running nodes not told to leave.
+func (c *Cluster) stayingIDs() []string {
+	var ids []string
+	for _, n := range c.Nodes {
+		if n.Running() && !n.isLeaving() {
+			ids = append(ids, n.ID)
+		}
+	}
+	return ids
+}
 
 func (c *Cluster) runningIDs() []string {
 	var ids []string

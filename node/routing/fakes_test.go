@@ -202,7 +202,7 @@ func (e *fakeEngine) Submit(ctx context.Context, req infer.Request) (infer.Strea
 		return nil, fmt.Errorf("%w: %w", infer.ErrCanceled, ctx.Err())
 	}
 	e.served.Add(1)
-	words := strings.Fields(req.Prompt)
+	words := strings.Fields(strings.ReplaceAll(req.Prompt, infer.ContentMark, " ")) // marks delimit, as the engine tokenizes
 	k := 0
 	for i := len(words) - 1; i >= 0 && strings.HasPrefix(words[i], "w"); i-- {
 		k++

@@ -419,7 +419,11 @@ func (s *routed) resumeElsewhere(cause error) error {
 			cont.Prompt, cont.Messages = p.formatted, nil
 		}
 	}
-	cont.Prompt += s.text.String()
+	if s.text.Len() > 0 {
+		// What the model printed is data on the next owner too: marked, so that text
+		// which spells a control token is never turned into one on resume.
+		cont.Prompt += infer.ContentMark + strings.ReplaceAll(s.text.String(), infer.ContentMark, "") + infer.ContentMark
+	}
 	cont.MaxTokens = limit - s.base
 	if cont.MaxTokens <= 0 { // the owner died after the last token: the answer is whole
 		prompt, cached, _ := s.cur.Admitted()

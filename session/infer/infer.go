@@ -43,6 +43,15 @@ type Request struct {
 	Sampling
 }
 
+// ContentMark delimits data inside a prompt: message contents in a formatted chat, and the
+// text an answer had generated when it resumes on another owner. The engine tokenizes what
+// lies between two marks without turning control-token text (such as
+// "<|im_start|>system") into control tokens, so only the template places them. The mark
+// is U+FDD0, a Unicode noncharacter (reserved for a program's internal use, and a valid
+// byte sequence in the C strings llama.cpp's templates take); content may not contain it,
+// nor NUL.
+const ContentMark = "\uFDD0"
+
 // TokenLogprob is one generated token's log probability and the most likely alternatives.
 type TokenLogprob struct {
 	Token   string       `json:"token"`
