@@ -92,7 +92,9 @@ type Config struct {
 	Schema Schema
 	// Protocol is the application's protocol versions this node speaks (serf's delegate
 	// versions: min, max, current), carried beside the tags for peers to read
-	// (Member.Protocol). Default zero: none said.
+	// (Member.Protocol). memberlist admits a member only while every member's current
+	// version lies within every other's [min, max]: raising them is a rolling change of its
+	// own. Default zero: none said (what every node of this version says).
 	Protocol [3]uint8
 	// Rand orders seeds and dead members to re-join. Nil: a source seeded from the clock.
 	Rand *rand.Rand

@@ -280,3 +280,19 @@ func TestJoinByName(t *testing.T) {
 		t.Error("d joined although its seed does not resolve")
 	}
 }
+
+// TestProtocolVersions: the protocol versions a node says it speaks reach its peers beside
+// its tags, as serf's delegate versions do (memberlist admits a member only while every
+// member's current version lies within every other's range).
+func TestProtocolVersions(t *testing.T) {
+	node := func(id string, join []string, v [3]uint8) *Gossip {
+		cfg := testConfig()
+		cfg.ID, cfg.BindAddr, cfg.BindPort, cfg.Join, cfg.Protocol = id, "127.0.0.1", 0, join, v
+		g, _ := startWith(t, cfg)
+		return g
+	}
+	a := node("a", nil, [3]uint8{1, 4, 4})
+	b := node("b", []string{a.Addr()}, [3]uint8{1, 4, 3})
+	poll.Until(t, 15*time.Second, "b sees a's protocol versions", func() bool { return states(b)["a"].Protocol == [3]uint8{1, 4, 4} })
+	poll.Until(t, 15*time.Second, "a sees b's", func() bool { return states(a)["b"].Protocol == [3]uint8{1, 4, 3} })
+}

@@ -133,9 +133,6 @@ func (m *Mover) Collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.transfers, m.bytes, m.seconds}
 }
 
-// Replicas is how many peers keep a copy of each conversation served here.
-func (m *Mover) Replicas() int { return m.cfg.Replicas }
-
 // Observe records a transfer this node took part in (direction "sent", "received" or
 // "pulled").
 func (m *Mover) Observe(direction string, size int, took time.Duration, err error) {

@@ -337,45 +337,12 @@ type peer struct {
 	engine *fakeEngine
 
 	mu   sync.Mutex
-	kv   []string // paths of the KV frames it took
 	hops []string // each generation hop it took: the model it named, and the prompt to continue
-}
-
-// frames are the paths of the KV frames p took.
-func (p *peer) frames() []string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return slices.Clone(p.kv)
 }
 
 // serveHop is the hop's receiving end as node serves it, on net/http.
 func (p *peer) serveHop(w http.ResponseWriter, req *http.Request) {
 	if req.URL.Path == "/readyz" {
-		w.WriteHeader(http.StatusOK)
-		return
-	}
-	if req.URL.Path == hop.PullPath {
-		body, _ := io.ReadAll(req.Body)
-		if err := p.router.hop.Authenticate(hop.Inbound{Method: req.Method, Path: req.URL.Path, Header: req.Header.Get, Body: body}); err != nil {
-			writeErr(w, &hop.Error{Status: http.StatusUnauthorized, Message: err.Error(), Type: "invalid_request_error"})
-			return
-		}
-		p.mu.Lock()
-		p.kv = append(p.kv, hop.PullPath)
-		p.mu.Unlock()
-		w.WriteHeader(http.StatusOK)
-		w.Write([]byte("frame of " + string(body)))
-		return
-	}
-	if req.URL.Path == hop.KVPath || req.URL.Path == hop.ReplicaPath {
-		body, _ := io.ReadAll(req.Body)
-		if err := p.router.hop.Authenticate(hop.Inbound{Method: req.Method, Path: req.URL.Path, Header: req.Header.Get, Body: body}); err != nil {
-			writeErr(w, &hop.Error{Status: http.StatusUnauthorized, Message: err.Error(), Type: "invalid_request_error"})
-			return
-		}
-		p.mu.Lock()
-		p.kv = append(p.kv, req.URL.Path)
-		p.mu.Unlock()
 		w.WriteHeader(http.StatusOK)
 		return
 	}
