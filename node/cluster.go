@@ -2,7 +2,6 @@ package node
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -64,8 +63,7 @@ func (s standalone) Submit(ctx context.Context, req infer.Request) (infer.Stream
 
 // SubmitModel is never called for a standalone node (no peer serves another model).
 func (s standalone) SubmitModel(ctx context.Context, model string, req infer.Request) (infer.Stream, error) {
-	return nil, &hop.Error{Status: 404, Type: "invalid_request_error", Param: "model", Code: "model_not_found",
-		Message: fmt.Sprintf("model %q is not served by this node", model)}
+	return nil, routing.NoModel(model)
 }
 
 // Handoff has no other owner to go to: a draining standalone node is not ready.

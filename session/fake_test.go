@@ -232,13 +232,19 @@ func startFake(t *testing.T, edit func(*Config)) (*Engine, *fakeBackend, func())
 // ask submits a greedy request and collects its answer.
 func ask(t *testing.T, e *Engine, key, prompt string, n int) (string, infer.Result, int) {
 	t.Helper()
-	st, err := e.Submit(t.Context(), infer.Request{SessionID: key, Prompt: prompt, MaxTokens: n, Sampling: infer.Greedy()})
+	return submit(t, e, infer.Request{SessionID: key, Prompt: prompt, MaxTokens: n, Sampling: infer.Greedy()})
+}
+
+// submit submits req and collects its answer, with the tokens it found cached.
+func submit(t *testing.T, e *Engine, req infer.Request) (string, infer.Result, int) {
+	t.Helper()
+	st, err := e.Submit(t.Context(), req)
 	if err != nil {
-		t.Fatalf("Submit %q: %v", prompt, err)
+		t.Fatalf("Submit %q: %v", req.Prompt, err)
 	}
 	text, res, err := st.Collect()
 	if err != nil {
-		t.Fatalf("%q: %v", prompt, err)
+		t.Fatalf("%q: %v", req.Prompt, err)
 	}
 	_, cached, _ := st.Admitted()
 	return text, res, cached

@@ -223,14 +223,7 @@ func TestFakeShareDomains(t *testing.T) {
 		defer stop()
 		system := strings.Repeat("the tenant's long system prompt ", 8) // 40 words
 		run := func(key, share, prompt string) string {
-			st, err := e.Submit(t.Context(), infer.Request{SessionID: key, Share: share, Prompt: prompt, MaxTokens: 3, Sampling: infer.Greedy()})
-			if err != nil {
-				t.Fatal(err)
-			}
-			text, _, err := st.Collect()
-			if err != nil {
-				t.Fatal(err)
-			}
+			text, _, _ := submit(t, e, infer.Request{SessionID: key, Share: share, Prompt: prompt, MaxTokens: 3, Sampling: infer.Greedy()})
 			return text
 		}
 		run("a1", "tenant-a", system+"first")

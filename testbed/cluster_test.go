@@ -82,6 +82,20 @@ func chat(t testing.TB, url string, msgs []message, maxTokens int) answer {
 	return chatWith(t, url, map[string]any{"messages": msgs, "max_tokens": maxTokens, "temperature": 0})
 }
 
+// postChat posts a chat completion's body with an API key and returns its status.
+func postChat(t testing.TB, url, key, body string) int {
+	t.Helper()
+	req, _ := http.NewRequest("POST", url+"/v1/chat/completions", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+key)
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
 // chatWith sends a chat completion with any body and reads what the tests look at.
 func chatWith(t testing.TB, url string, req map[string]any) answer {
 	t.Helper()

@@ -3,11 +3,9 @@ package testbed
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -84,16 +82,8 @@ func TestDashboard(t *testing.T) {
 	// Some traffic, so the table has load to show.
 	for i := range 6 {
 		body := fmt.Sprintf(`{"messages":[{"role":"user","content":"dashboard question %d"}],"max_tokens":8}`, i)
-		req, _ := http.NewRequest("POST", c.Nodes[i%3].URL()+"/v1/chat/completions", strings.NewReader(body))
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Authorization", "Bearer "+key)
-		resp, err := client.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		if resp.StatusCode != 200 {
-			t.Fatalf("chat with the key: %d", resp.StatusCode)
+		if status := postChat(t, c.Nodes[i%3].URL(), key, body); status != 200 {
+			t.Fatalf("chat with the key: %d", status)
 		}
 	}
 	victim := c.Nodes[2]

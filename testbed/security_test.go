@@ -315,16 +315,8 @@ func TestTenantsIsolated(t *testing.T) {
 		t.Helper()
 		body, _ := json.Marshal(map[string]any{"max_tokens": 2, "temperature": 0,
 			"messages": []message{{Role: "system", Content: system}, {Role: "user", Content: question}}})
-		req, _ := http.NewRequest("POST", url+"/v1/chat/completions", strings.NewReader(string(body)))
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Authorization", "Bearer "+key)
-		resp, err := client.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		if resp.StatusCode != 200 {
-			t.Fatalf("%s: status %d", question, resp.StatusCode)
+		if status := postChat(t, url, key, string(body)); status != 200 {
+			t.Fatalf("%s: status %d", question, status)
 		}
 	}
 	shared := func() float64 {

@@ -50,7 +50,11 @@ func (a *Auth) Authenticate(in Inbound) error {
 	if err := a.verify(in); err != nil {
 		return err
 	}
-	v := in.Header(HeaderVersion)
+	return checkVersion(in.Header(HeaderVersion))
+}
+
+// checkVersion refuses a hop of a major version this node does not speak.
+func checkVersion(v string) error {
 	major, _, _ := strings.Cut(v, ".")
 	if n, err := strconv.Atoi(major); err != nil || n != Major {
 		return fmt.Errorf("%w: got %q, this node speaks %d.x", ErrVersion, v, Major)
@@ -130,12 +134,7 @@ func (a *Auth) Preverify(method, path string, header func(string) string) error 
 	if err := a.check(in, [32]byte(claimed), false); err != nil {
 		return err
 	}
-	v := header(HeaderVersion)
-	major, _, _ := strings.Cut(v, ".")
-	if n, err := strconv.Atoi(major); err != nil || n != Major {
-		return fmt.Errorf("%w: got %q, this node speaks %d.x", ErrVersion, v, Major)
-	}
-	return nil
+	return checkVersion(header(HeaderVersion))
 }
 
 // verify checks a hop addressed to this node and records its nonce.
