@@ -45,7 +45,7 @@ APT_PACKAGES := nlohmann-json3-dev libstb-dev nftables iproute2 iptables
 TEST_APT_PACKAGES := chromium
 MALGO        := github.com/gen2brain/malgo@v0.11.24
 
-.PHONY: all deps test-deps flags build fuzz bench-portable bench-quant model bench-model test race lint tidy-check bench bench-http bench-cluster bench-overhead bench-compare run chaos chaos-cleanup clean
+.PHONY: all deps test-deps flags build fuzz bench-portable bench-quant model bench-model test race lint tidy-check bench bench-http bench-cluster bench-overhead bench-compare run chaos chaos-cleanup upgrade-check clean
 
 all: build
 
@@ -121,6 +121,13 @@ lint: deps
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
+
+# upgrade-check: a rolling upgrade under chat load, from the binary of an earlier commit
+# (FROM=commit; default: the newest whose hop minor version differs from this tree's) to
+# this tree's. Every answer completes; every follow-up after the last replacement is warm.
+FROM ?=
+upgrade-check: deps
+	sh scripts/upgrade-check.sh $(FROM)
 
 tidy-check:
 	$(GO) mod tidy && git diff --exit-code go.mod go.sum

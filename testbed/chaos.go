@@ -122,7 +122,7 @@ func RunScenario(ctx context.Context, cfg Config, s Scenario) (*Report, error) {
 				if err != nil {
 					rep.Faults[i].DetectErr = err.Error()
 				}
-				if k := rep.Faults[i].Fault.Kind; err == nil && (k == "restart" || k == "join") {
+				if k := rep.Faults[i].Fault.Kind; err == nil && (k == "restart" || k == "join" || k == "upgrade") {
 					n := c.Nodes[rep.Faults[i].Fault.Node]
 					baseline[n.ID] = c.baselines(ctx, n)[n.ID] // a new process: a new baseline
 				}
@@ -157,6 +157,7 @@ func RunScenario(ctx context.Context, cfg Config, s Scenario) (*Report, error) {
 	c.checkRecords(rep, s)
 	c.checkAffinity(rep, s)
 	c.checkWarm(rep)
+	c.checkUpgraded(rep)
 	if s.Overload != nil {
 		checkOverload(rep, s)
 	}

@@ -47,6 +47,9 @@ type Config struct {
 	LogDir string
 	// Echo, if set, receives every line every node logs.
 	Echo io.Writer
+	// Upgrade is the binary an "upgrade" fault restarts a node with (see Fault): the
+	// cluster starts on Binary.
+	Upgrade string
 }
 
 // Cluster is a running set of infernode processes.
@@ -66,6 +69,7 @@ type Node struct {
 	HTTPAddr   string      // host:port of its API
 	GossipAddr string      // host:port of its gossip
 	args       []string
+	binary     string // the infernode binary it runs (Config.Binary, until upgraded)
 	cfg        *Config
 	standalone bool // not a cluster member: reports no gossip address
 
@@ -139,7 +143,7 @@ func (c *Cluster) Add(ctx context.Context, id string, extra ...string) (*Node, e
 		args = append(args, "--join", c.Nodes[0].GossipAddr)
 	}
 	args = append(append(args, c.cfg.Args...), extra...)
-	n := &Node{ID: id, Model: model, args: args, cfg: &c.cfg, Host: host}
+	n := &Node{ID: id, Model: model, args: args, binary: c.cfg.Binary, cfg: &c.cfg, Host: host}
 	if err := n.start(ctx); err != nil {
 		return nil, err
 	}
@@ -153,9 +157,9 @@ func (n *Node) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	argv := append([]string{n.cfg.Binary}, n.args...)
+	argv := append([]string{n.binary}, n.args...)
 	if n.Host != nil {
-		argv = n.Host.Command(n.cfg.Binary, n.args...) // ip netns exec execs: the pid is the node's
+		argv = n.Host.Command(n.binary, n.args...) // ip netns exec execs: the pid is the node's
 	}
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = os.Environ()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"syscall"
 	"time"
@@ -20,7 +21,8 @@ type Fault struct {
 	// kill, restart, pause, resume, leave, join, isolate, halves, oneway, loss, bandwidth,
 	// delay (Amount ms ± a fifth, to every peer), slowlink (Amount ms ± a tenth, from
 	// Node to Peer only), cpu (Node held to Amount percent of one CPU), heal (every
-	// network fault and CPU limit).
+	// network fault and CPU limit), upgrade (a restart on Config.Upgrade's binary, once the
+	// node has exited: after a leave, it waits up to 30s for the drain).
 	Kind string `json:"kind"`
 	// Node is an index into the cluster's nodes (join: ignored). Busiest aims a kill, pause,
 	// isolate or leave at the node serving the most streams in flight, so the fault lands
@@ -161,6 +163,19 @@ func (c *Cluster) apply(ctx context.Context, f Fault) (Applied, func() (time.Dur
 	case "restart":
 		a.Backend = "process"
 		err, expectAll = n.Restart(ctx), true
+	case "upgrade":
+		a.Backend = "process (" + filepath.Base(c.cfg.Upgrade) + ")"
+		switch {
+		case c.cfg.Upgrade == "":
+			err = errors.New("no binary to upgrade to (Config.Upgrade)")
+		case !n.wait(30 * time.Second):
+			err = fmt.Errorf("%s still running 30s after the upgrade began", n.ID)
+		default:
+			n.mu.Lock()
+			n.binary = c.cfg.Upgrade
+			n.mu.Unlock()
+			err, expectAll = n.Restart(ctx), true
+		}
 	case "leave":
 		a.Backend = "signal (SIGTERM)"
 		err, expectWithout = n.signal(syscall.SIGTERM), true
@@ -263,7 +278,7 @@ func windows(applied []Applied, c *Cluster, end time.Time) []Window {
 			touched = []string{c.Nodes[f.Node].ID, c.Nodes[f.Peer].ID}
 		case "halves":
 			touched = c.IDs()
-		case "restart", "resume":
+		case "restart", "resume", "upgrade":
 			id := c.Nodes[f.Node].ID
 			closeAll(func(w Window) bool { return w.Node == id }, healed)
 		case "heal":

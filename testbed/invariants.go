@@ -87,7 +87,7 @@ func (c *Cluster) checkWarm(rep *Report) {
 	var cold []string
 	leaves, leavesWarm, joins, joinsWarm, crashes, crashesWarm := 0, 0, 0, 0, 0, 0
 	for _, a := range rep.Faults {
-		if a.Fault.Kind != "leave" && a.Fault.Kind != "join" && a.Fault.Kind != "kill" {
+		if a.Fault.Kind != "leave" && a.Fault.Kind != "join" && a.Fault.Kind != "upgrade" && a.Fault.Kind != "kill" {
 			continue
 		}
 		id := c.Nodes[a.Fault.Node].ID
@@ -107,7 +107,7 @@ func (c *Cluster) checkWarm(rep *Report) {
 					} else {
 						cold = append(cold, fmt.Sprintf("conv %d turn %d on %s after %s left: 0 cached", conv, next.Turn, next.Served, id))
 					}
-				case a.Fault.Kind == "join" && prev.Served != id && next.Served == id:
+				case (a.Fault.Kind == "join" || a.Fault.Kind == "upgrade") && prev.Served != id && next.Served == id:
 					joins++
 					if warm {
 						joinsWarm++

@@ -97,10 +97,15 @@ func (a refAnswer) tieAt(text string, d int, bound float64) (float64, string) {
 	return best, ""
 }
 
-// startReference runs a standalone node (no cluster) on loopback with cfg's binary and
-// model, for reference answers.
+// startReference runs a standalone node (no cluster) on loopback with cfg's binary (the
+// one an upgrade installs, if any: an upgrade must not change an answer) and model, for
+// reference answers.
 func startReference(ctx context.Context, cfg Config) (*Node, func(), error) {
-	ref := &Node{ID: "reference", standalone: true, cfg: &Config{Binary: cfg.Binary, LogDir: cfg.LogDir},
+	bin := cfg.Binary
+	if cfg.Upgrade != "" {
+		bin = cfg.Upgrade
+	}
+	ref := &Node{ID: "reference", standalone: true, binary: bin, cfg: &Config{Binary: bin, LogDir: cfg.LogDir},
 		args: []string{"--model", cfg.Model, "--id", "reference", "--log-format", "json", "--addr", "127.0.0.1:0",
 			"--threads", "1", "--ctx", "8192"}}
 	if err := ref.start(ctx); err != nil {

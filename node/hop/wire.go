@@ -38,7 +38,14 @@ const (
 	// 1.4: a request's prefix-sharing domain (share). An owner of 1.3 or earlier would
 	// ignore it and share cells across tenants, so a request with one goes only to owners
 	// that gossip 1.4 or later (see MinorFor).
-	Minor = 4
+	// 1.5: a pull's answer is signed by the node asked, bound to the pull's nonce; a
+	// pushed frame's signed headers carry its body's hash (HeaderBodyHash). A node asks
+	// pulls only of peers that gossip 1.5 (MinorSignedPull): an older one's answer could
+	// not be told from a forged one.
+	Minor = 5
+
+	// MinorSignedPull is the least minor version whose pull answers are signed.
+	MinorSignedPull = 5
 
 	HeaderVersion   = "X-Infernode-Hop-Version" // "major.minor"
 	HeaderFrom      = "X-Infernode-Hop"         // the entry node's id

@@ -101,7 +101,7 @@ func startPeer(t *testing.T, id string) *peer {
 		}
 	}))
 	t.Cleanup(srv.Close)
-	p.Peer = Peer{ID: id, Addr: strings.TrimPrefix(srv.URL, "http://")}
+	p.Peer = Peer{ID: id, Addr: strings.TrimPrefix(srv.URL, "http://"), Minor: hop.Minor}
 	return p
 }
 
@@ -234,7 +234,8 @@ func TestBandwidth(t *testing.T) {
 
 // TestPullOnMiss: the first turn of a conversation this node took over at its last ring
 // change pulls its KV from the node that owned it before, once, and the turn goes on
-// whether the pull worked or not; after the pull window nothing is pulled.
+// whether the pull worked or not; after the pull window nothing is pulled, and nothing is
+// asked of an owner too old to sign its answer.
 func TestPullOnMiss(t *testing.T) {
 	b := startPeer(t, "b")
 	gone := httptest.NewServer(http.NotFoundHandler())
@@ -256,8 +257,15 @@ func TestPullOnMiss(t *testing.T) {
 	for range 2 {
 		turn("moved", true)
 	}
-	ring.heirs = []Peer{{ID: "c", Addr: strings.TrimPrefix(gone.URL, "http://")}}
+	ring.heirs = []Peer{{ID: "c", Addr: strings.TrimPrefix(gone.URL, "http://"), Minor: hop.Minor}}
 	turn("unreachable", true)
+	old := b.Peer
+	old.Minor = hop.MinorSignedPull - 1
+	ring.heirs = []Peer{old}
+	turn("held by an old node", true)
+	if len(local.frames) != 1 {
+		t.Errorf("imported %q: a node of hop 1.%d was asked for a pull", local.frames, old.Minor)
+	}
 	if !slices.Equal(local.frames, []string{"frame of moved"}) {
 		t.Errorf("imported %q, want only the frame of moved, once", local.frames)
 	}

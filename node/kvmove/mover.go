@@ -20,7 +20,10 @@ import (
 )
 
 // Peer is a node a frame can go to, or come from.
-type Peer struct{ ID, Addr string }
+type Peer struct {
+	ID, Addr string
+	Minor    int // the hop minor version it gossips
+}
 
 // Ring is what kvmove needs to know of the cluster, as this node sees it. routing's view
 // implements it. Its methods are safe for concurrent use and do not block.

@@ -74,8 +74,8 @@ func (m *Mover) previousOwner(req infer.Request) (Peer, bool) {
 		return Peer{}, false
 	}
 	h := m.ring.Heirs(key, 1)
-	if len(h) == 0 {
-		return Peer{}, false
+	if len(h) == 0 || h[0].Minor < hop.MinorSignedPull {
+		return Peer{}, false // none, or one whose answer could not be verified
 	}
 	return h[0], true
 }

@@ -44,13 +44,13 @@ func (k kvRing) Owner(key string) (kvmove.Peer, bool) {
 	if len(c) == 0 || c[0].id == k.r.cfg.Self {
 		return kvmove.Peer{}, false
 	}
-	return kvmove.Peer{ID: c[0].id, Addr: c[0].addr}, true
+	return kvmove.Peer{ID: c[0].id, Addr: c[0].addr, Minor: c[0].minor}, true
 }
 
 func (k kvRing) Heirs(key string, n int) []kvmove.Peer {
 	var out []kvmove.Peer
 	for _, c := range k.r.v.heirs(key, n) {
-		out = append(out, kvmove.Peer{ID: c.id, Addr: c.addr})
+		out = append(out, kvmove.Peer{ID: c.id, Addr: c.addr, Minor: c.minor})
 	}
 	return out
 }

@@ -616,7 +616,8 @@ func (v *view) heirs(key string, n int, gone ...string) []candidate {
 	defer v.mu.Unlock()
 	out := make([]candidate, len(ids))
 	for i, id := range ids {
-		out[i] = candidate{id: id, addr: v.members[id].Meta.HTTPAddr}
+		m := v.members[id].Meta
+		out[i] = candidate{id: id, addr: m.HTTPAddr, minor: m.HopMinor}
 	}
 	return out
 }
