@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"net/netip"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -34,6 +35,9 @@ type Cluster interface {
 	GiveKV(ctx context.Context, key, peer, nonce string, sign func(name, value string)) (infer.Frame, error)
 	// Hop verifies what peers send; nil for a node that takes no hops.
 	Hop() *hop.Auth
+	// Peer reports whether ip is a cluster member's address (exempt from per-client
+	// connection caps).
+	Peer(ip netip.Addr) bool
 	// KeepAlive is how often a forwarded request's answer says the owner is working.
 	KeepAlive() time.Duration
 	// Ready reports whether this node serves, and why not.
@@ -84,6 +88,7 @@ func (standalone) GiveKV(context.Context, string, string, string, func(string, s
 	return nil, errStandalone
 }
 func (standalone) Hop() *hop.Auth           { return nil }
+func (standalone) Peer(netip.Addr) bool     { return false }
 func (standalone) KeepAlive() time.Duration { return 0 }
 
 func (s standalone) Ready() (bool, string) {

@@ -41,6 +41,10 @@ type Config struct {
 	// MaxConns bounds the connections the node serves at once (each holds a goroutine and
 	// buffers); more wait to be accepted. Default 4096.
 	MaxConns int
+	// MaxConnsPerIP, if positive, caps the connections open at once from one client
+	// address (cluster members exempt); more are answered 429 and closed. Off by default:
+	// behind a load balancer every client shares its address.
+	MaxConnsPerIP int
 	// KVImports bounds the KV frames peers push that are installed at once; more are
 	// refused as busy (the sender's conversation is then recomputed). Default 2.
 	KVImports int
@@ -106,6 +110,7 @@ func (c Config) Validate() error {
 	check(c.MaxTokens >= 1, "max tokens must be at least 1, got %d", c.MaxTokens)
 	check(c.StreamBuffer >= 4096, "stream buffer must be at least 4096 bytes, got %d", c.StreamBuffer)
 	check(c.MaxStreams >= 1, "max streams must be at least 1, got %d", c.MaxStreams)
+	check(c.MaxConnsPerIP >= 0, "max connections per IP must not be negative, got %d", c.MaxConnsPerIP)
 	check(c.MaxConns >= 1 && c.KVImports >= 1 && c.MaxFeeds >= 1, "max connections, KV imports and feeds must be at least 1, got %d, %d and %d",
 		c.MaxConns, c.KVImports, c.MaxFeeds)
 	p.Positive("request timeout", c.RequestTimeout)

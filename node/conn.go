@@ -3,6 +3,7 @@ package node
 import (
 	"errors"
 	"net"
+	"net/netip"
 	"sync"
 	"syscall"
 	"time"
@@ -70,4 +71,84 @@ func peerClosed(raw syscall.RawConn) bool {
 		return true // never wait for readiness
 	})
 	return closed || err != nil
+}
+
+// capListener caps the connections open at once from one IP address, for a node exposed
+// to clients directly (behind a load balancer every client shares its address, so the cap
+// is off by default). Members of the cluster are exempt: a peer forwards many clients'
+// requests. A connection over the cap is answered 429 and closed before fasthttp reads it.
+type capListener struct {
+	net.Listener
+	max     int
+	peer    func(netip.Addr) bool
+	refused func()
+
+	mu   sync.Mutex
+	open map[netip.Addr]int
+}
+
+func capPerIP(ln net.Listener, max int, peer func(netip.Addr) bool, refused func()) net.Listener {
+	return &capListener{Listener: ln, max: max, peer: peer, refused: refused, open: map[netip.Addr]int{}}
+}
+
+// tooMany is written to a connection over the cap: a complete HTTP answer, so a client
+// sees why, not only a reset.
+const tooMany = "HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: 118\r\n\r\n" +
+	`{"error":{"message":"too many connections from this address","type":"rate_limit_error","code":"too_many_connections"}}`
+
+func (l *capListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		ap, err := netip.ParseAddrPort(c.RemoteAddr().String())
+		if err != nil {
+			return c, nil // not an IP connection (in-memory, in tests): nothing to count
+		}
+		ip := ap.Addr().Unmap()
+		l.mu.Lock()
+		over := l.open[ip] >= l.max
+		if !over {
+			l.open[ip]++
+		}
+		l.mu.Unlock()
+		if over && !l.peer(ip) {
+			l.refused()
+			c.SetWriteDeadline(time.Now().Add(time.Second))
+			c.Write([]byte(tooMany))
+			c.Close()
+			continue
+		}
+		if over { // a peer: served, not counted
+			return c, nil
+		}
+		return &countedConn{Conn: c, done: func() {
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			if l.open[ip]--; l.open[ip] == 0 {
+				delete(l.open, ip)
+			}
+		}}, nil
+	}
+}
+
+// countedConn calls done once, when closed.
+type countedConn struct {
+	net.Conn
+	once sync.Once
+	done func()
+}
+
+func (c *countedConn) Close() error {
+	c.once.Do(c.done)
+	return c.Conn.Close()
+}
+
+// SyscallConn is the socket's, so watchConn can still peek at it.
+func (c *countedConn) SyscallConn() (syscall.RawConn, error) {
+	if sc, ok := c.Conn.(syscall.Conn); ok {
+		return sc.SyscallConn()
+	}
+	return nil, errors.ErrUnsupported
 }

@@ -1,13 +1,18 @@
 package node
 
 import (
+	"bufio"
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"io"
+	"net"
 	"net/http"
+	"net/netip"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -183,5 +188,79 @@ func TestKVBodyLimit(t *testing.T) {
 		if status != 413 && status != 0 {
 			t.Errorf("%s, 5 MiB: status %d, want 413 before the body is read", name, status)
 		}
+	}
+}
+
+// TestConnCapPerIP: with a cap, an address holding that many connections has its next one
+// answered 429 and closed, until one of its own closes; a cluster member is never capped.
+func TestConnCapPerIP(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var peer atomic.Bool
+	var refused atomic.Int64
+	capped := capPerIP(ln, 2, func(netip.Addr) bool { return peer.Load() }, func() { refused.Add(1) })
+	t.Cleanup(func() { capped.Close() })
+	accepted := make(chan net.Conn, 8)
+	go func() {
+		for {
+			c, err := capped.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- c
+		}
+	}()
+	dial := func() net.Conn {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	served := func() net.Conn {
+		t.Helper()
+		select {
+		case c := <-accepted:
+			return c
+		case <-time.After(5 * time.Second):
+			t.Fatal("a connection within the cap was not accepted")
+			return nil
+		}
+	}
+	// refusedWith429 dials and reads the answer the cap gives.
+	refusedWith429 := func() {
+		t.Helper()
+		c := dial()
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatalf("a connection over the cap: %v, want a 429 answer", err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 429 || !json.Valid(body) || !strings.Contains(string(body), "too_many_connections") {
+			t.Fatalf("a connection over the cap: %d %s", resp.StatusCode, body)
+		}
+	}
+	dial()
+	first := served()
+	dial()
+	served()
+	refusedWith429()
+	if n := refused.Load(); n != 1 {
+		t.Errorf("refused counted %d times, want 1", n)
+	}
+	first.Close() // the node closes one: its address may open another
+	dial()
+	served()
+	peer.Store(true)
+	dial()
+	served()
+	select {
+	case c := <-accepted:
+		t.Fatalf("an extra connection %v", c.RemoteAddr())
+	default:
 	}
 }

@@ -19,6 +19,7 @@ type metrics struct {
 	cancellations *prometheus.CounterVec // cause
 	turns         *prometheus.CounterVec // cache: warm, cold
 	panics        prometheus.Counter
+	capped        prometheus.Counter // connections refused by the per-IP cap
 }
 
 // Causes of cancellation, as labels.
@@ -50,6 +51,9 @@ func newMetrics(stats func() infer.Stats) *metrics {
 	m.panics = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "infernode_handler_panics_total", Help: "Panics recovered in HTTP handlers (each answered 500 and logged with its stack).",
 	})
+	m.capped = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "infernode_connections_capped_total", Help: "Connections refused (429) because their address held --max-conns-per-ip already.",
+	})
 	m.turns = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "infernode_followup_turns_total",
 		Help: "Chat turns after an earlier answer entering here, by whether the node serving them found their conversation's KV (warm) or prefilled it all (cold).",
@@ -68,7 +72,7 @@ func newMetrics(stats func() infer.Stats) *metrics {
 	m.reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.requests, m.ttft, m.itl, m.cancellations, m.turns, m.panics,
+		m.requests, m.ttft, m.itl, m.cancellations, m.turns, m.panics, m.capped,
 		gauge("infernode_running_sequences", "Requests being prefilled or decoded.", func(s infer.Stats) float64 { return float64(s.Running) }),
 		gauge("infernode_waiting_requests", "Requests queued for a sequence.", func(s infer.Stats) float64 { return float64(s.Waiting) }),
 		gauge("infernode_cached_conversations", "Idle conversations holding KV cells, replicas included.", func(s infer.Stats) float64 { return float64(s.Conversations) }),

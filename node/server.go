@@ -135,6 +135,9 @@ func (s *Server) Run(ctx context.Context) error {
 			return fmt.Errorf("listen %s: %w", s.cfg.Addr, err)
 		}
 	}
+	if s.cfg.MaxConnsPerIP > 0 {
+		ln = capPerIP(ln, s.cfg.MaxConnsPerIP, s.cluster.Peer, s.metrics.capped.Inc)
+	}
 	s.log.Info("serving", "addr", ln.Addr().String(), "model", s.cfg.ModelName)
 	errc := make(chan error, 1)
 	go func() { errc <- s.http.Serve(ln) }()

@@ -406,3 +406,72 @@ func TestBodiesBoundedBeforeChecks(t *testing.T) {
 		t.Errorf("after the stalled bodies: status %d", a.status)
 	}
 }
+
+// TestConnCapPerIP, on a real node started with --max-conns-per-ip: an address holding
+// that many connections has its next one answered 429 (and counted) while the ones it
+// holds are served; once it closes one, it may open another.
+func TestConnCapPerIP(t *testing.T) {
+	const max = 4
+	c := startCluster(t, 1, "--max-conns-per-ip", fmt.Sprint(max))
+	n := c.Nodes[0]
+	addr := strings.TrimPrefix(n.URL(), "http://")
+	// health dials and asks /healthz on a connection it keeps open (the node closes a
+	// capped one after its 429).
+	health := func() (net.Conn, int) {
+		conn, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		conn.SetDeadline(time.Now().Add(5 * time.Second))
+		fmt.Fprintf(conn, "GET /healthz HTTP/1.1\r\nHost: %s\r\n\r\n", addr)
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			t.Fatalf("GET /healthz: %v", err)
+		}
+		resp.Body.Close()
+		return conn, resp.StatusCode
+	}
+	var held []net.Conn
+	for {
+		conn, status := health()
+		if status == 429 {
+			break
+		}
+		if status != 200 {
+			t.Fatalf("GET /healthz: %d", status)
+		}
+		if held = append(held, conn); len(held) > max {
+			t.Fatalf("%d connections from one address served, cap %d", len(held), max)
+		}
+	}
+	held[0].Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		_, status := health()
+		if status == 200 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a connection closed 5s ago still holds its place: %d", status)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, conn := range held {
+		conn.Close()
+	}
+	deadline = time.Now().Add(5 * time.Second)
+	for {
+		v, err := c.Metric(n, "infernode_connections_capped_total")
+		if err == nil {
+			if v < 1 {
+				t.Errorf("infernode_connections_capped_total = %v, want at least 1", v)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("metrics: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -135,6 +135,7 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&ec.DefaultMaxTokens, "default-max-tokens", ec.DefaultMaxTokens, "token limit of requests that set none")
 	fs.IntVar(&nc.MaxTokens, "max-tokens", nc.MaxTokens, "largest max_tokens a request may ask for")
 	fs.StringVar(&maxBody, "max-body", "4MiB", "largest request body (bytes, or with KiB/MiB)")
+	fs.IntVar(&nc.MaxConnsPerIP, "max-conns-per-ip", 0, "connections one client address may hold open, more answered 429 (cluster members exempt; 0: no cap, as behind a load balancer)")
 	fs.IntVar(&nc.MaxStreams, "max-streams", nc.MaxStreams, "generation requests in flight on this node, served here or forwarded, before 503 (bounds memory)")
 	fs.DurationVar(&nc.RequestTimeout, "request-timeout", nc.RequestTimeout, "deadline of one generation request")
 	fs.DurationVar(&nc.WriteTimeout, "write-timeout", nc.WriteTimeout, "cut a client that blocks a write this long")

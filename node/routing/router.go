@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -231,6 +232,9 @@ type MemberView struct {
 
 // Hop is this node's end of the hop's authentication: node verifies with it what peers send.
 func (r *Router) Hop() *hop.Auth { return r.hop }
+
+// Peer reports whether ip is the gossip or API address of a member this node knows.
+func (r *Router) Peer(ip netip.Addr) bool { return r.v.peer(ip) }
 
 // View is the cluster as this node sees it (GET /v1/cluster), with its ring sampled at
 // points places (0: not drawn).

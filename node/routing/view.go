@@ -7,6 +7,7 @@ import (
 	"hash/crc32"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -592,6 +593,24 @@ func (v *view) View(points int, ready bool) View {
 	}
 	slices.SortFunc(out.Members[1:], func(a, b MemberView) int { return strings.Compare(a.ID, b.ID) })
 	return out
+}
+
+// peer reports whether ip is a member's gossip address (memberlist learnt it from the
+// member's own, encrypted, packets) or the API address it gossips.
+func (v *view) peer(ip netip.Addr) bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for id, m := range v.members {
+		if id == v.cfg.Self {
+			continue
+		}
+		for _, a := range []string{m.Addr, m.Meta.HTTPAddr} {
+			if ap, err := netip.ParseAddrPort(a); err == nil && ap.Addr().Unmap() == ip.Unmap() {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // heirs are up to n members that would own key in turn once the nodes gone (by default
