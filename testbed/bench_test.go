@@ -1,8 +1,10 @@
 package testbed
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -213,4 +215,53 @@ func BenchmarkTransferOrRecompute(b *testing.B) {
 			b.ReportMetric(prefill, "prefill-tok/s")
 		})
 	}
+}
+
+// BenchmarkTenantPrefix proves by time what TestTenantsIsolated proves by a counter: a
+// tenant sending another tenant's long system prompt gets no faster first token than a
+// cold prefill, while the first tenant's own next conversation starts from the shared
+// prefix. Each iteration uses a system prompt of about 1,000 tokens never sent before:
+// alpha's first conversation (cold), beta's with the same system prompt (another tenant),
+// then alpha's second (its own tenant: shared). One node, INFERNODE_BENCH_MODEL when set.
+func BenchmarkTenantPrefix(b *testing.B) {
+	model := os.Getenv("INFERNODE_BENCH_MODEL")
+	if model == "" {
+		model = testenv.Model(b)
+	}
+	keys := filepath.Join(b.TempDir(), "keys")
+	if err := os.WriteFile(keys, []byte("key-of-alpha-000001 alpha\nkey-of-beta-0000002 beta\n"), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	c := launch(b, Config{Model: model, Nodes: 1, APIKey: "default-key-0123456789", Args: []string{"--ctx", "8192", "--threads", "2", "--key-file", keys}})
+	if _, err := c.WaitRings(b.Context(), c.IDs(), 60*time.Second); err != nil {
+		b.Fatal(err)
+	}
+	url := c.Nodes[0].URL()
+	ttft := func(key, system, question string) time.Duration {
+		body, _ := json.Marshal(map[string]any{"max_tokens": 1, "temperature": 0,
+			"messages": []message{{Role: "system", Content: system}, {Role: "user", Content: question}}})
+		start := time.Now()
+		if status := postChat(b, url, key, string(body)); status != 200 {
+			b.Fatalf("status %d", status)
+		}
+		return time.Since(start)
+	}
+	var cold, other, own []time.Duration
+	i := 0
+	for b.Loop() {
+		system := fmt.Sprintf("prompt %d: %s", i, strings.Repeat("you answer questions about rivers and the sea and the boats on them. ", 80))
+		i++
+		cold = append(cold, ttft("key-of-alpha-000001", system, "where does the river go"))
+		other = append(other, ttft("key-of-beta-0000002", system, "what is a boat"))
+		own = append(own, ttft("key-of-alpha-000001", system, "how deep is the sea"))
+	}
+	median := func(d []time.Duration) float64 {
+		slices.Sort(d)
+		return float64(d[len(d)/2].Microseconds()) / 1000
+	}
+	b.ReportMetric(median(cold), "cold-ms")
+	b.ReportMetric(median(other), "other-tenant-ms")
+	b.ReportMetric(median(own), "same-tenant-ms")
+	b.ReportMetric(median(other)/median(cold), "other/cold")
+	b.ReportMetric(median(own)/median(cold), "same/cold")
 }
