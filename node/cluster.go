@@ -31,7 +31,7 @@ type Cluster interface {
 	// TakeKV installs a conversation's KV frame a peer pushed; GiveKV answers a peer's
 	// pull (its hop's nonce) with one, to be released after writing, the answer's
 	// signature set with sign.
-	TakeKV(ctx context.Context, frame []byte, replica bool, from string) (infer.Imported, error)
+	TakeKV(ctx context.Context, frame []byte, origin infer.Origin, from string) (infer.Imported, error)
 	GiveKV(ctx context.Context, key, peer, nonce string, sign func(name, value string)) (infer.Frame, error)
 	// Hop verifies what peers send; nil for a node that takes no hops.
 	Hop() *hop.Auth
@@ -81,7 +81,7 @@ func (s standalone) ServeLocal(ctx context.Context, req infer.Request) (infer.St
 
 func (standalone) Route(infer.Stream) (string, int, int) { return "", 0, 0 }
 func (standalone) Served(string, bool)                   {}
-func (standalone) TakeKV(context.Context, []byte, bool, string) (infer.Imported, error) {
+func (standalone) TakeKV(context.Context, []byte, infer.Origin, string) (infer.Imported, error) {
 	return infer.Imported{}, errStandalone
 }
 func (standalone) GiveKV(context.Context, string, string, string, func(string, string)) (infer.Frame, error) {

@@ -55,7 +55,7 @@ func (f *fakeEngine) Ready() bool      { return !f.notReady }
 func (*fakeEngine) Snapshot(context.Context, string) (infer.Frame, error) {
 	return nil, infer.ErrNotCached
 }
-func (*fakeEngine) Import(context.Context, []byte, bool, string) (infer.Imported, error) {
+func (*fakeEngine) Import(context.Context, []byte, infer.Origin, string) (infer.Imported, error) {
 	return infer.Imported{}, infer.ErrFrame
 }
 func (*fakeEngine) Conversations(context.Context) ([]string, error) { return nil, nil }
@@ -75,6 +75,7 @@ func (s *fakeStream) Result() infer.Result {
 	return infer.Result{FinishReason: "length", PromptTokens: 1, CompletionTokens: s.n}
 }
 func (s *fakeStream) Admitted() (int, int, bool) { return 1, 0, true }
+func (s *fakeStream) Source() infer.Origin        { return infer.Local }
 func (s *fakeStream) Tokens() int                { return s.i }
 
 type fakeNode struct {

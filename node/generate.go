@@ -474,6 +474,9 @@ func (s *Server) setGenerationHeaders(ctx *fasthttp.RequestCtx, st infer.Stream)
 	prompt, cached, _ := st.Admitted()
 	ctx.Response.Header.Set(hop.PromptHeader, strconv.Itoa(prompt))
 	ctx.Response.Header.Set(hop.CachedHeader, strconv.Itoa(cached))
+	if src := st.Source(); src != infer.Local {
+		ctx.Response.Header.Set(hop.SourceHeader, string(src))
+	}
 	node, hops, _ := s.cluster.Route(st)
 	if node != "" {
 		ctx.Response.Header.Set(hop.NodeHeader, node)

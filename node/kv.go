@@ -8,6 +8,7 @@ import (
 
 	"github.com/infernode/infernode/node/hop"
 	"github.com/infernode/infernode/node/kvmove"
+	"github.com/infernode/infernode/session/infer"
 )
 
 // The receiving ends of KV movement (see kvmove): frames peers push, and pulls.
@@ -26,7 +27,14 @@ func (s *Server) handleKV(ctx *fasthttp.RequestCtx, replica bool) {
 		writeError(ctx, errKVBusy)
 		return
 	}
-	res, err := s.cluster.TakeKV(s.base, ctx.PostBody(), replica, string(ctx.Request.Header.Peek(hop.HeaderFrom)))
+	origin := infer.Pushed
+	switch {
+	case replica:
+		origin = infer.Replica
+	case string(ctx.Request.Header.Peek(hop.HeaderKVWhy)) == "leaving":
+		origin = infer.HandOff
+	}
+	res, err := s.cluster.TakeKV(s.base, ctx.PostBody(), origin, string(ctx.Request.Header.Peek(hop.HeaderFrom)))
 	if err != nil {
 		writeError(ctx, err)
 		return

@@ -154,7 +154,7 @@ func BenchmarkImportStall(b *testing.B) {
 			for e.Stats().Steps < steps+12 {
 				time.Sleep(time.Millisecond)
 			}
-			res, err := e.Import(context.Background(), f, false, "")
+			res, err := e.Import(context.Background(), f, infer.Pushed, "")
 			if err != nil {
 				b.Fatal(err)
 			}

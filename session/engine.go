@@ -56,8 +56,9 @@ type slot struct {
 	tokens   []int32
 	job      *job // running request, or nil when idle
 	lastUsed uint64
-	replica  bool   // imported as another node's copy: evicted first, until a turn runs here
-	share    string // the prefix-sharing domain of the conversation (see infer.Request.Share)
+	replica  bool         // imported as another node's copy: evicted first, until a turn runs here
+	origin   infer.Origin // how its cells came here (Local once a turn ran here)
+	share    string       // the prefix-sharing domain of the conversation (see infer.Request.Share)
 }
 
 // job is an accepted request as the engine tracks it.

@@ -67,12 +67,12 @@ func (h *Handle) Snapshot(ctx context.Context, key string) (infer.Frame, error) 
 }
 
 // Import installs a KV frame; see Engine.Import.
-func (h *Handle) Import(ctx context.Context, frame []byte, replica bool, want string) (infer.Imported, error) {
+func (h *Handle) Import(ctx context.Context, frame []byte, origin infer.Origin, want string) (infer.Imported, error) {
 	e := h.e.Load()
 	if e == nil {
 		return infer.Imported{}, infer.ErrClosed
 	}
-	return e.Import(ctx, frame, replica, want)
+	return e.Import(ctx, frame, origin, want)
 }
 
 // Holds reports whether a conversation has KV here; see Engine.Holds.

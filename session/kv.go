@@ -140,9 +140,10 @@ func stateBuffer() *[]byte {
 // busy (ErrOverloaded). want, when not empty, is the conversation asked for (a pull): a
 // frame of any other is refused (ErrFrame) before anything is installed.
 //
-// A replica is a copy kept for a conversation another node serves, for when that node
-// fails: it is evicted before any conversation served here.
-func (e *Engine) Import(ctx context.Context, frame []byte, replica bool, want string) (infer.Imported, error) {
+// origin says how the frame came here; the next turn's stream reports it (Source). A
+// replica is a copy kept for a conversation another node serves, for when that node fails:
+// it is evicted before any conversation served here.
+func (e *Engine) Import(ctx context.Context, frame []byte, origin infer.Origin, want string) (infer.Imported, error) {
 	h, tokens, state, err := parseFrame(frame, frameHeader{Fingerprint: e.cfg.Fingerprint, KVType: e.cfg.KVType}, e.seqCells-1)
 	if err != nil {
 		return infer.Imported{}, err
@@ -153,7 +154,7 @@ func (e *Engine) Import(ctx context.Context, frame []byte, replica bool, want st
 	res := infer.Imported{Key: h.Key, Tokens: len(tokens), Bytes: len(state)}
 	if err := e.do(ctx, func() {
 		start := time.Now()
-		err = e.install(h.Key, h.Share, tokens, state, replica)
+		err = e.install(h.Key, h.Share, tokens, state, origin)
 		res.Stall = time.Since(start)
 	}); err != nil {
 		return res, err
@@ -168,7 +169,8 @@ func (e *Engine) Import(ctx context.Context, frame []byte, replica bool, want st
 // install puts an imported conversation into a slot: its own idle one, else an empty one,
 // else the least recently used idle one, evicting idle conversations for cells as
 // admission would. Engine goroutine only.
-func (e *Engine) install(key, share string, tokens []int32, state []byte, replica bool) error {
+func (e *Engine) install(key, share string, tokens []int32, state []byte, origin infer.Origin) error {
+	replica := origin == infer.Replica
 	for _, s := range e.slots {
 		if s.key == key && s.job != nil {
 			return fmt.Errorf("%w: conversation %q is running a turn here", infer.ErrOverloaded, key)
@@ -182,6 +184,9 @@ func (e *Engine) install(key, share string, tokens []int32, state []byte, replic
 		// The copy here is as long (the same turn's replica, or a later turn ran here):
 		// keep it, but as what the frame says it is now (a replica becomes this node's).
 		target.replica = target.replica && replica
+		if !replica {
+			target.origin = origin // a hand-off or push of what a replica held already: it came all the same
+		}
 		return nil
 	}
 	evict, ok := e.roomFor(target, len(tokens), nil)
@@ -205,6 +210,7 @@ func (e *Engine) install(key, share string, tokens []int32, state []byte, replic
 	}
 	e.tick++ // the LRU clock: a later import is more recent, even with no step between
 	target.key, target.tokens, target.lastUsed, target.replica, target.share = key, append(target.tokens[:0], tokens...), e.tick, replica, share
+	target.origin = origin
 	e.hold(key)
 	return nil
 }

@@ -49,7 +49,7 @@ func TestKVMove(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			res, err := dst.Import(t.Context(), frame.Bytes(), false, "")
+			res, err := dst.Import(t.Context(), frame.Bytes(), infer.Pushed, "")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -94,7 +94,7 @@ func TestKVImportRefusals(t *testing.T) {
 		{"a flipped byte", dst, flipped},
 		{"not a frame", dst, []byte("hello, this is not a KV frame at all")},
 	} {
-		_, err := tc.engine.Import(t.Context(), tc.frame, false, "")
+		_, err := tc.engine.Import(t.Context(), tc.frame, infer.Pushed, "")
 		if !errors.Is(err, infer.ErrFrame) {
 			t.Errorf("%s: Import = %v, want infer.ErrFrame", tc.name, err)
 		}

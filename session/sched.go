@@ -242,7 +242,11 @@ func (e *Engine) start(j *job, p placement, stats *infer.Stats) {
 		e.b.SeqRemove(s.seq, p.reuse, -1)
 		s.tokens = s.tokens[:p.reuse]
 	}
-	s.key, s.job, s.replica, s.share = j.req.SessionID, j, false, j.req.Share
+	source := infer.Local
+	if cached > 0 {
+		source = s.origin
+	}
+	s.key, s.job, s.replica, s.share, s.origin = j.req.SessionID, j, false, j.req.Share, infer.Local
 	e.hold(s.key)
 	seed := uint32(j.req.Seed)
 	if j.req.Seed < 0 {
@@ -263,7 +267,7 @@ func (e *Engine) start(j *job, p placement, stats *infer.Stats) {
 	j.slot, j.cached, j.pending, j.claim = s, cached, j.prompt[p.reuse:], e.firstClaim(j)
 	j.filter = newTextFilter(j.req.Stop)
 	j.admitted, j.since = time.Now(), e.tick
-	j.stream.admit(len(j.prompt), cached)
+	j.stream.admit(len(j.prompt), cached, source)
 	e.jobs = append(e.jobs, j)
 	stats.PromptTokens += uint64(len(j.prompt))
 	stats.ReusedTokens += uint64(cached)

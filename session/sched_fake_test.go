@@ -1,6 +1,7 @@
 package session
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -264,16 +265,16 @@ func TestFakeImportPositions(t *testing.T) {
 			}
 			return append(head, state...)
 		}
-		if _, err := e.Import(t.Context(), frame(10, 5), false, ""); !errors.Is(err, infer.ErrFrame) {
+		if _, err := e.Import(t.Context(), frame(10, 5), infer.Pushed, ""); !errors.Is(err, infer.ErrFrame) {
 			t.Errorf("a frame of 10 tokens with a state of 5: %v, want ErrFrame", err)
 		}
 		if e.Holds("forged") {
 			t.Error("the forged conversation is held")
 		}
-		if _, err := e.Import(t.Context(), frame(10, 10), false, "another"); !errors.Is(err, infer.ErrFrame) || e.Holds("forged") {
+		if _, err := e.Import(t.Context(), frame(10, 10), infer.Pushed, "another"); !errors.Is(err, infer.ErrFrame) || e.Holds("forged") {
 			t.Errorf("a frame of another conversation than the one asked for: %v", err)
 		}
-		if _, err := e.Import(t.Context(), frame(10, 10), false, "forged"); err != nil {
+		if _, err := e.Import(t.Context(), frame(10, 10), infer.Pushed, "forged"); err != nil {
 			t.Errorf("a consistent frame: %v", err)
 		}
 		if _, _, cached := ask(t, e, "keep", "a conversation that must not change t1 t2 more", 2); cached == 0 {
@@ -297,6 +298,58 @@ func TestFakePromptBytes(t *testing.T) {
 		words := strings.Repeat("w ", 200) // 400 bytes, 201 tokens
 		if _, err := e.Submit(t.Context(), infer.Request{Prompt: words, MaxTokens: 1, Sampling: infer.Greedy()}); !errors.As(err, &tooLong) || tooLong.Tokens != 201 {
 			t.Errorf("201 tokens: %v, want refused by its tokens", err)
+		}
+	})
+}
+
+// TestFakeSource: the first turn after an import reports how its cached tokens came
+// (Source); a hand-off of what a replica already held reports the hand-off, a replica never
+// hides a hand-off, and once a turn ran here the next reports Local.
+func TestFakeSource(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		src, _, stopSrc := startFake(t, nil)
+		defer stopSrc()
+		dst, _, stopDst := startFake(t, nil)
+		defer stopDst()
+		first, _, _ := ask(t, src, "c", "one two three", 2)
+		var frame bytes.Buffer
+		if _, err := src.Export(t.Context(), "c", &frame); err != nil {
+			t.Fatal(err)
+		}
+		turn := func(prompt string) infer.Origin {
+			t.Helper()
+			st, err := dst.Submit(t.Context(), infer.Request{SessionID: "c", Prompt: prompt, MaxTokens: 1, Sampling: infer.Greedy()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, _, err := st.Collect(); err != nil {
+				t.Fatal(err)
+			}
+			if _, cached, _ := st.Admitted(); cached == 0 {
+				t.Fatalf("%q ran cold", prompt)
+			}
+			return st.Source()
+		}
+		for _, tc := range []struct {
+			imports []infer.Origin
+			want    infer.Origin
+		}{
+			{[]infer.Origin{infer.Replica}, infer.Replica},
+			{[]infer.Origin{infer.Replica, infer.HandOff}, infer.HandOff},
+			{[]infer.Origin{infer.Pushed, infer.Replica}, infer.Pushed},
+			{[]infer.Origin{infer.Pulled}, infer.Pulled},
+		} {
+			for _, o := range tc.imports {
+				if _, err := dst.Import(t.Context(), frame.Bytes(), o, ""); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if got := turn("one two three" + first + " four"); got != tc.want {
+				t.Errorf("imported as %v: the next turn reports %q, want %q", tc.imports, got, tc.want)
+			}
+			if got := turn("one two three" + first + " four five"); got != infer.Local {
+				t.Errorf("imported as %v: the turn after reports %q, want local", tc.imports, got)
+			}
 		}
 	})
 }

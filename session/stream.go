@@ -20,6 +20,7 @@ type Stream struct {
 	done    bool
 	res     infer.Result
 	started bool          // admitted: PromptTokens and CachedTokens of res are set
+	source  infer.Origin  // how the cached tokens came here
 	tokens  int           // generated so far
 	notify  chan struct{} // capacity 1: "something changed"
 }
@@ -68,6 +69,13 @@ func (s *Stream) Admitted() (promptTokens, cachedTokens int, ok bool) {
 	return s.res.PromptTokens, s.res.CachedTokens, s.started
 }
 
+// Source says how the cached tokens came here (see infer.Origin), once admitted.
+func (s *Stream) Source() infer.Origin {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.source
+}
+
 // Collect reads the stream to its end and returns all its text.
 func (s *Stream) Collect() (string, infer.Result, error) {
 	var b strings.Builder
@@ -101,9 +109,9 @@ func (s *Stream) push(text string) {
 }
 
 // admit records the request's admission. Called by the engine only.
-func (s *Stream) admit(promptTokens, cachedTokens int) {
+func (s *Stream) admit(promptTokens, cachedTokens int, source infer.Origin) {
 	s.mu.Lock()
-	s.started, s.res.PromptTokens, s.res.CachedTokens = true, promptTokens, cachedTokens
+	s.started, s.res.PromptTokens, s.res.CachedTokens, s.source = true, promptTokens, cachedTokens, source
 	s.mu.Unlock()
 }
 

@@ -71,7 +71,8 @@ type answer struct {
 	status int
 	node   string
 	prompt int // prompt tokens
-	cached int // of them, reused from the KV cache
+	cached int    // of them, reused from the KV cache
+	source string // how the cached tokens came to the node (X-Infernode-KV-Source; empty: they did not move)
 	text   string
 }
 
@@ -114,6 +115,7 @@ func chatWith(t testing.TB, url string, req map[string]any) answer {
 	a := answer{status: resp.StatusCode, node: resp.Header.Get("X-Infernode-Node")}
 	a.prompt, _ = strconv.Atoi(resp.Header.Get("X-Infernode-Prompt-Tokens"))
 	a.cached, _ = strconv.Atoi(resp.Header.Get("X-Infernode-Cached-Tokens"))
+	a.source = resp.Header.Get("X-Infernode-KV-Source")
 	if len(out.Choices) > 0 {
 		a.text = out.Choices[0].Message.Content
 	}

@@ -2,6 +2,7 @@ package testbed
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -26,7 +27,7 @@ func TestLeaveHandsOffKV(t *testing.T) {
 	if _, err := c.WaitRings(t.Context(), c.IDs(entry, other), 5*time.Second, victim); err != nil {
 		t.Fatal(err)
 	}
-	checkMoved(t, other, victim, convs, "the leave")
+	checkMoved(t, other, victim, convs, "the leave", "handoff")
 }
 
 // TestJoinHandsOffKV: when a node joins, the nodes that held the conversations it now owns
@@ -80,6 +81,16 @@ func testJoin(t *testing.T, transfer, settle bool, args ...string) {
 			continue
 		}
 		moved++
+		sources := []string{"push"}
+		if !settle {
+			sources = append(sources, "pull") // a turn sooner than the old owner's push pulls
+		}
+		if !transfer {
+			sources = []string{""}
+		}
+		if !slices.Contains(sources, got.source) {
+			t.Errorf("conversation %d on %s: its cache came as %q, want one of %q", i, got.node, got.source, sources)
+		}
 		if got.text != cv.want.text || (got.cached > 0) != transfer {
 			t.Errorf("conversation %d on %s: %d of %d prompt tokens cached (transfer: %v), %q; the old owner (%s) said %q",
 				i, got.node, got.cached, got.prompt, transfer, got.text, cv.want.node, cv.want.text)
@@ -148,7 +159,7 @@ func TestCrashFailoverKV(t *testing.T) {
 	if _, err := c.WaitRings(t.Context(), c.IDs(entry, other), 10*time.Second, victim); err != nil {
 		t.Fatal(err)
 	}
-	checkMoved(t, other, victim, convs, "the crash")
+	checkMoved(t, other, victim, convs, "the crash", "replica")
 
 	t.Logf("the survivors took %v replicas before the crash", replicas)
 }
@@ -188,8 +199,9 @@ func ownedConversations(t *testing.T, entry, owner *Node, n int) []movedConv {
 }
 
 // checkMoved sends each conversation's second turn again, entering on entry, after its
-// owner old is gone: it must run elsewhere, from cache, and say what old said.
-func checkMoved(t *testing.T, entry, old *Node, convs []movedConv, after string) {
+// owner old is gone: it must run elsewhere, from the cache that came there as source says
+// (handoff, replica), and say what old said.
+func checkMoved(t *testing.T, entry, old *Node, convs []movedConv, after, source string) {
 	t.Helper()
 	for i, cv := range convs {
 		got := chat(t, entry.URL(), cv.msgs, 60)
@@ -198,6 +210,8 @@ func checkMoved(t *testing.T, entry, old *Node, convs []movedConv, after string)
 			t.Errorf("conversation %d after %s: status %d, served by %q", i, after, got.status, got.node)
 		case got.cached == 0:
 			t.Errorf("conversation %d resumed cold on %s: 0 of %d prompt tokens cached", i, got.node, got.prompt)
+		case got.source != source:
+			t.Errorf("conversation %d after %s: its cache came to %s as %q, want %q", i, after, got.node, got.source, source)
 		case got.text != cv.want.text:
 			t.Errorf("conversation %d on %s: %q, the old owner said %q", i, got.node, got.text, cv.want.text)
 		default:

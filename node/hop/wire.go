@@ -57,6 +57,9 @@ const (
 	// covers it, so the receiver can check the signature when the headers arrive, and only
 	// then accept a body larger than an API request's.
 	HeaderBodyHash = "X-Infernode-Body-SHA256"
+	// HeaderKVWhy says "leaving" on a frame its owner pushes as it leaves the cluster (a
+	// hand-off), so the next turn can say how its cache came (SourceHeader).
+	HeaderKVWhy = "X-Infernode-KV-Why"
 
 	// NodeHeader names the node that served an answer; PromptHeader how many tokens its
 	// prompt has and CachedHeader how many of them it found in its KV cache. Set on hop
@@ -64,6 +67,9 @@ const (
 	NodeHeader   = "X-Infernode-Node"
 	PromptHeader = "X-Infernode-Prompt-Tokens"
 	CachedHeader = "X-Infernode-Cached-Tokens"
+	// SourceHeader says how the cached tokens came to the node that served the answer,
+	// when they were imported: replica, handoff, push or pull (see infer.Origin).
+	SourceHeader = "X-Infernode-KV-Source"
 	// HopsHeader counts the forwards behind an answer: 0 served where it entered, 1
 	// forwarded once. Anything more breaks the one-hop rule.
 	HopsHeader = "X-Infernode-Hops"

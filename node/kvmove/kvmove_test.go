@@ -53,7 +53,7 @@ type fakeLocal struct {
 func (l *fakeLocal) Snapshot(context.Context, string) (infer.Frame, error) {
 	return nil, infer.ErrNotCached
 }
-func (l *fakeLocal) Import(_ context.Context, b []byte, _ bool, want string) (infer.Imported, error) {
+func (l *fakeLocal) Import(_ context.Context, b []byte, _ infer.Origin, want string) (infer.Imported, error) {
 	if want != "" && string(b) != "frame of "+want {
 		return infer.Imported{}, infer.ErrFrame
 	}

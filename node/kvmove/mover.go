@@ -49,7 +49,7 @@ type Local interface {
 	// idle here).
 	Snapshot(ctx context.Context, key string) (infer.Frame, error)
 	// Import installs a frame, as a replica or as a conversation this node owns.
-	Import(ctx context.Context, frame []byte, replica bool, want string) (infer.Imported, error)
+	Import(ctx context.Context, frame []byte, origin infer.Origin, want string) (infer.Imported, error)
 	// Conversations lists the conversations cached, most recently used first.
 	Conversations(ctx context.Context) ([]string, error)
 	// Demote keeps a conversation that moved to its owner as a replica here.
@@ -218,7 +218,7 @@ func (m *Mover) pushTo(ctx context.Context, to Peer, frame infer.Frame, why Why)
 		path = hop.ReplicaPath
 	}
 	start := m.now()
-	err := m.send(ctx, to, path, frame)
+	err := m.send(ctx, to, path, frame, why)
 	took := m.now().Sub(start)
 	m.Observe("sent", frame.Len(), took, err)
 	if err == nil && why != Replica {
@@ -312,7 +312,7 @@ func (p *paced) Read(b []byte) (int, error) {
 
 // send posts frame to p: written once to hash it for the signature, then again into the
 // request's body as the transport reads it, so the frame is never held whole.
-func (m *Mover) send(ctx context.Context, p Peer, path string, frame infer.Frame) error {
+func (m *Mover) send(ctx context.Context, p Peer, path string, frame infer.Frame, why Why) error {
 	ctx, cancel := context.WithTimeout(ctx, m.cfg.Timeout)
 	defer cancel()
 	hash := sha256.New()
@@ -339,6 +339,9 @@ func (m *Mover) send(ctx context.Context, p Peer, path string, frame infer.Frame
 	req.Header.Set("Content-Type", "application/octet-stream")
 	sum := [32]byte(hash.Sum(nil))
 	req.Header.Set(hop.HeaderBodyHash, hex.EncodeToString(sum[:]))
+	if why == Leaving {
+		req.Header.Set(hop.HeaderKVWhy, "leaving")
+	}
 	m.hop.SignHash(req.Header.Set, "POST", path, p.ID, sum)
 	resp, err := m.client.Do(req)
 	if err != nil {

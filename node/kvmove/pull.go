@@ -116,22 +116,23 @@ func (m *Mover) pull(ctx context.Context, from Peer, key string) (int, error) {
 	if err := m.hop.VerifyAnswer(resp.Header.Get, hop.PullPath, from.ID, nonce, sha256.Sum256(frame)); err != nil {
 		return len(frame), fmt.Errorf("pull KV from %s: %w", from.ID, err)
 	}
-	if _, err := m.local.Import(ctx, frame, false, key); err != nil {
+	if _, err := m.local.Import(ctx, frame, infer.Pulled, key); err != nil {
 		return len(frame), err
 	}
 	return len(frame), nil
 }
 
-// Take installs a frame a peer pushed (the receiving end of a push or a replica).
-func (m *Mover) Take(ctx context.Context, frame []byte, replica bool, from string) (infer.Imported, error) {
+// Take installs a frame a peer pushed (the receiving end of a push or a replica), which
+// came as origin says.
+func (m *Mover) Take(ctx context.Context, frame []byte, origin infer.Origin, from string) (infer.Imported, error) {
 	start := m.now()
-	res, err := m.local.Import(ctx, frame, replica, "")
+	res, err := m.local.Import(ctx, frame, origin, "")
 	m.Observe("received", len(frame), m.now().Sub(start), err)
 	if err != nil {
 		m.log.Warn("KV frame refused", "from", from, "bytes", len(frame), "err", err)
 		return res, err
 	}
-	m.log.Debug("KV taken", "from", from, "replica", replica, "tokens", res.Tokens, "bytes", len(frame), "stall", res.Stall)
+	m.log.Debug("KV taken", "from", from, "origin", origin, "tokens", res.Tokens, "bytes", len(frame), "stall", res.Stall)
 	return res, nil
 }
 

@@ -221,7 +221,7 @@ func (e *fakeEngine) Ready() bool        { return true }
 func (*fakeEngine) Snapshot(context.Context, string) (infer.Frame, error) {
 	return nil, infer.ErrNotCached
 }
-func (*fakeEngine) Import(context.Context, []byte, bool, string) (infer.Imported, error) {
+func (*fakeEngine) Import(context.Context, []byte, infer.Origin, string) (infer.Imported, error) {
 	return infer.Imported{}, infer.ErrFrame
 }
 func (*fakeEngine) Conversations(context.Context) ([]string, error) { return nil, nil }
@@ -264,6 +264,7 @@ func (s *fakeStream) Recv() (string, error) {
 
 func (s *fakeStream) Result() infer.Result       { return s.res }
 func (s *fakeStream) Admitted() (int, int, bool) { return s.prompt, 0, true }
+func (s *fakeStream) Source() infer.Origin        { return infer.Local }
 func (s *fakeStream) Tokens() int                { return s.n }
 
 // memNet is an in-memory network: each address is a handler; requests and answers cross

@@ -220,7 +220,8 @@ func (r *Router) forward(ctx context.Context, c candidate, model string, req inf
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 0, 4096), r.cfg.MaxLine)
 	return &peerStream{peer: c.id, node: resp.Header.Get(hop.NodeHeader), body: resp.Body, sc: sc, prompt: prompt, cached: cached,
-		hops: 1 + hops, ctx: fctx, cancel: cancel, clock: r.clock, progress: r.cfg.ProgressTimeout}, nil
+		source: infer.Origin(resp.Header.Get(hop.SourceHeader)),
+		hops:   1 + hops, ctx: fctx, cancel: cancel, clock: r.clock, progress: r.cfg.ProgressTimeout}, nil
 }
 
 // (ErrStalled), like a broken connection.
@@ -235,8 +236,9 @@ type peerStream struct {
 	sc        *bufio.Scanner
 	prompt    int
 	cached    int
-	hops      int    // forwards behind this answer, this one included
-	formatted string // the prompt the owner formatted from the request's messages
+	source    infer.Origin // how the owner's cached tokens came there
+	hops      int          // forwards behind this answer, this one included
+	formatted string       // the prompt the owner formatted from the request's messages
 	tokens    int
 
 	mu  sync.Mutex
@@ -327,6 +329,8 @@ func (p *peerStream) Admitted() (int, int, bool) {
 	defer p.mu.Unlock()
 	return p.prompt, p.cached, true
 }
+
+func (p *peerStream) Source() infer.Origin { return p.source }
 
 func (p *peerStream) Tokens() int {
 	p.mu.Lock()
@@ -470,6 +474,7 @@ type finished struct{ node string }
 func (finished) Recv() (string, error)      { return "", io.EOF }
 func (finished) Result() infer.Result       { return infer.Result{} }
 func (finished) Admitted() (int, int, bool) { return 0, 0, true }
+func (finished) Source() infer.Origin       { return infer.Local }
 func (finished) Tokens() int                { return 0 }
 
 func (s *routed) finish(err error) {
@@ -500,6 +505,7 @@ func (s *routed) Result() infer.Result {
 }
 
 func (s *routed) Admitted() (int, int, bool) { return s.cur.Admitted() }
+func (s *routed) Source() infer.Origin       { return s.cur.Source() }
 func (s *routed) Tokens() int                { return s.base + s.cur.Tokens() }
 
 // Hops is the most forwards behind any leg of the answer so far.

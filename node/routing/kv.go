@@ -18,8 +18,8 @@ func (r *Router) KV() *kvmove.Mover { return r.kv }
 func (r *Router) Served(key string, draining bool) { r.kv.KeepWarm(key, draining) }
 
 // TakeKV installs a conversation's KV frame a peer pushed (see kvmove.Mover.Take).
-func (r *Router) TakeKV(ctx context.Context, frame []byte, replica bool, from string) (infer.Imported, error) {
-	return r.kv.Take(ctx, frame, replica, from)
+func (r *Router) TakeKV(ctx context.Context, frame []byte, origin infer.Origin, from string) (infer.Imported, error) {
+	return r.kv.Take(ctx, frame, origin, from)
 }
 
 // GiveKV answers a peer's pull whose hop had nonce, signing the answer with sign (see

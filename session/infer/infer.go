@@ -111,6 +111,17 @@ var (
 	ErrNotCached = errors.New("conversation not cached here")
 )
 
+// Origin says how the KV cache a turn started from came to the node serving it.
+type Origin string
+
+const (
+	Local   Origin = ""        // earlier turns ran here (or nothing was cached)
+	Replica Origin = "replica" // the copy its owner kept here after each turn
+	HandOff Origin = "handoff" // pushed by its owner as that node left the cluster
+	Pushed  Origin = "push"    // pushed by its previous owner when ownership moved (a join, a degraded member)
+	Pulled  Origin = "pull"    // asked of its previous owner on a miss, by a node that joined
+)
+
 // Imported says what importing a KV frame installed.
 type Imported struct {
 	Key    string        `json:"key"`
@@ -261,6 +272,9 @@ type Stream interface {
 	// Admitted reports the prompt's size and how much of it came from cache, once the
 	// request has been admitted (ok false before).
 	Admitted() (promptTokens, cachedTokens int, ok bool)
+	// Source says how the cached tokens came to the node serving the request (Local when
+	// a turn ran there since, or none were cached), once admitted.
+	Source() Origin
 	// Tokens is how many tokens have been generated so far.
 	Tokens() int
 }
