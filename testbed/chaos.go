@@ -45,6 +45,13 @@ type Scenario struct {
 	Steady bool
 	// Gray, when set, checks how the cluster meets one slow node (see gray.go).
 	Gray *Gray
+	// Chatter, if set, runs beside Workload (its First should keep its conversations
+	// apart from Workload's): many open conversations of short turns, so that many straddle each
+	// fault while Workload's long answers are what the faults cut.
+	Chatter *Workload
+	// MinMoved is the fewest conversations each KV path (replica, handoff, push, pull)
+	// must move in a run (see Cluster.moves).
+	MinMoved map[string]int
 }
 
 // RunScenario launches a cluster for s, runs its workload beside its faults, checks the
@@ -132,7 +139,17 @@ func RunScenario(ctx context.Context, cfg Config, s Scenario) (*Report, error) {
 	sampling := make(chan struct{})
 	var sampled sync.WaitGroup
 	sampled.Go(func() { rep.Rings = c.sampleRings(ctx, sampling) })
-	workload := func() { rep.Records = c.RunWorkload(ctx, s.Workload, c.serving) }
+	c.flight = &flight{byNode: map[string]int{}}
+	workload := func() {
+		var chatter []Record
+		var wg sync.WaitGroup
+		if s.Chatter != nil {
+			wg.Go(func() { chatter = c.RunWorkload(ctx, *s.Chatter, c.serving) })
+		}
+		rep.Records = c.RunWorkload(ctx, s.Workload, c.serving)
+		wg.Wait()
+		rep.Records = append(rep.Records, chatter...)
+	}
 	if rep.Overload == nil {
 		workload()
 	} else if rep.Overload.BurstWork, err = c.measureWork(workload); err != nil {
@@ -156,7 +173,7 @@ func RunScenario(ctx context.Context, cfg Config, s Scenario) (*Report, error) {
 	c.checkDetection(rep)
 	c.checkRecords(rep, s)
 	c.checkAffinity(rep, s)
-	c.checkWarm(rep)
+	c.checkWarm(rep, s)
 	c.checkUpgraded(rep)
 	if s.Overload != nil {
 		checkOverload(rep, s)

@@ -70,7 +70,7 @@ func tailLines(s string, n int) string {
 type answer struct {
 	status int
 	node   string
-	prompt int // prompt tokens
+	prompt int    // prompt tokens
 	cached int    // of them, reused from the KV cache
 	source string // how the cached tokens came to the node (X-Infernode-KV-Source; empty: they did not move)
 	text   string

@@ -71,13 +71,40 @@ func (c *Cluster) checkRecords(rep *Report, s Scenario) {
 			Detail: fmt.Sprintf("%d answers checked; bad: %v", rep.Completed, firstN(hops, 5))})
 }
 
-// checkWarm: a conversation moved by a planned change (its turn before the change ran on
-// the node that left, or on another node than the one that joined and its next turn ran
-// there after the join) resumes from cache on its new owner: that turn reports cached
-// tokens. A leaving node hands its caches off and its replicas are already there, so every
-// such turn after a leave must be warm; after a join the old owners push once their rings
-// have been quiet for 300ms, so the turns that came sooner are counted, not failed.
-func (c *Cluster) checkWarm(rep *Report) {
+// kvPaths are the ways a conversation's KV moves between nodes, as nodes name them
+// (infer.Origin, X-Infernode-KV-Source, infernode_kv_imports_total's origin).
+var kvPaths = []string{"replica", "handoff", "push", "pull"}
+
+// moves counts the conversations each KV path moved in a run, from the cluster's own
+// records. A replica is copied after every turn, so it counts only when a turn was served
+// from it (the answer's X-Infernode-KV-Source); a hand-off, a push or a pull is a move
+// whenever a node installs one (infernode_kv_imports_total on the nodes running at the
+// end: a node that left or restarted took its own count with it).
+func (c *Cluster) moves(rep *Report) map[string]int {
+	out := map[string]int{}
+	for _, r := range rep.Records {
+		if r.Kind == "ok" && r.Source == "replica" {
+			out["replica"]++
+		}
+	}
+	for _, n := range c.running() {
+		for _, path := range kvPaths[1:] {
+			v, _ := c.Metric(n, fmt.Sprintf(`infernode_kv_imports_total{origin=%q}`, path))
+			out[path] += int(v)
+		}
+	}
+	return out
+}
+
+// checkWarm: every KV path the scenario exercises moved at least its minimum of
+// conversations (Scenario.MinMoved), and a conversation moved by a change resumes from
+// cache on its new owner: its next turn reports cached tokens. A leaving node hands its
+// caches off and its replicas are already there, so every such turn after a leave must be
+// warm; a node that joined or came back has the conversations it now owns pushed to it, or
+// pulls one on its first miss, so every such turn after a join must be warm too. After a
+// crash the replica is the only copy; a turn that finds none (skipped while transfers were
+// busy) is counted, not failed.
+func (c *Cluster) checkWarm(rep *Report, s Scenario) {
 	byConv := map[int][]Record{}
 	for _, r := range rep.Records {
 		if r.Kind == "ok" {
@@ -87,10 +114,13 @@ func (c *Cluster) checkWarm(rep *Report) {
 	var cold []string
 	leaves, leavesWarm, joins, joinsWarm, crashes, crashesWarm := 0, 0, 0, 0, 0, 0
 	for _, a := range rep.Faults {
-		if a.Fault.Kind != "leave" && a.Fault.Kind != "join" && a.Fault.Kind != "upgrade" && a.Fault.Kind != "kill" {
+		kind := a.Fault.Kind
+		joinLike := kind == "join" || kind == "upgrade" || kind == "restart"
+		if a.Err != "" || (kind != "leave" && kind != "kill" && !joinLike) {
 			continue
 		}
 		id := c.Nodes[a.Fault.Node].ID
+		back := a.Time.Add(a.Detection) // a joining node is an owner once every ring has it
 		for conv, recs := range byConv {
 			slices.SortFunc(recs, func(x, y Record) int { return x.Turn - y.Turn })
 			for i := 1; i < len(recs); i++ {
@@ -100,19 +130,21 @@ func (c *Cluster) checkWarm(rep *Report) {
 				}
 				warm := next.Cached > 0
 				switch {
-				case a.Fault.Kind == "leave" && prev.Served == id && next.Served != id:
+				case kind == "leave" && prev.Served == id && next.Served != id:
 					leaves++
 					if warm {
 						leavesWarm++
 					} else {
 						cold = append(cold, fmt.Sprintf("conv %d turn %d on %s after %s left: 0 cached", conv, next.Turn, next.Served, id))
 					}
-				case (a.Fault.Kind == "join" || a.Fault.Kind == "upgrade") && prev.Served != id && next.Served == id:
+				case joinLike && prev.Served != id && next.Served == id && next.Start.After(back):
 					joins++
 					if warm {
 						joinsWarm++
+					} else if kind != "upgrade" { // an older peer's pull answer cannot be verified: it is not asked
+						cold = append(cold, fmt.Sprintf("conv %d turn %d on %s after its %s: 0 cached", conv, next.Turn, id, kind))
 					}
-				case a.Fault.Kind == "kill" && prev.Served == id && next.Served != id:
+				case kind == "kill" && prev.Served == id && next.Served != id:
 					crashes++
 					if warm {
 						crashesWarm++
@@ -121,10 +153,20 @@ func (c *Cluster) checkWarm(rep *Report) {
 			}
 		}
 	}
-	rep.Checks = append(rep.Checks, Check{Name: "conversations moved by a planned change resume warm", Pass: len(cold) == 0,
-		Detail: fmt.Sprintf("after a leave %d of %d warm; after a join %d of %d warm (not failed: pushed once the ring has been quiet for 300ms); "+
-			"after a crash %d of %d warm (not failed: from replicas); cold: %v",
-			leavesWarm, leaves, joinsWarm, joins, crashesWarm, crashes, firstN(cold, 5))})
+	rep.Moved = c.moves(rep)
+	var short []string
+	for _, path := range kvPaths {
+		if min := s.MinMoved[path]; rep.Moved[path] < min {
+			short = append(short, fmt.Sprintf("%s %d (minimum %d)", path, rep.Moved[path], min))
+		}
+	}
+	rep.Checks = append(rep.Checks,
+		Check{Name: "every KV path the faults exercise moves conversations", Pass: len(short) == 0,
+			Detail: fmt.Sprintf("moved by replica %d, hand-off %d, push %d, pull %d (minimums %v); short: %v",
+				rep.Moved["replica"], rep.Moved["handoff"], rep.Moved["push"], rep.Moved["pull"], s.MinMoved, short)},
+		Check{Name: "conversations moved by a change resume warm", Pass: len(cold) == 0,
+			Detail: fmt.Sprintf("after a leave %d of %d warm; after a join or return %d of %d warm; after a crash %d of %d warm (not failed: from replicas, skipped while transfers are busy); cold: %v",
+				leavesWarm, leaves, joinsWarm, joins, crashesWarm, crashes, firstN(cold, 5))})
 }
 
 // flip is a span around a moment a node's view of the cluster marked member degraded or
@@ -336,7 +378,7 @@ func (c *Cluster) checkAnswers(ctx context.Context, rep *Report, cfg Config, s S
 		if r.Kind != "ok" {
 			continue
 		}
-		want, err := referenceAnswer(ctx, client, ref, r.Messages, rep.MaxTokens)
+		want, err := referenceAnswer(ctx, client, ref, r.Messages, r.MaxTokens)
 		if err != nil {
 			bad = append(bad, fmt.Sprintf("conv %d turn %d: the reference failed: %v", r.Conv, r.Turn, err))
 			continue

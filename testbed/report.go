@@ -40,6 +40,7 @@ type Report struct {
 	Detections  int             `json:"detections_checked"`
 	Affinity    int             `json:"affinity_checked"`
 	AffinityBad int             `json:"affinity_violations"`
+	Moved       map[string]int  `json:"moved_by_path"` // conversations each KV path moved (see Cluster.moves)
 	Converge    time.Duration   `json:"converge_after_heal_ns"`
 	Windows     []Window        `json:"windows"`
 	Rings       []RingSample    `json:"rings"`

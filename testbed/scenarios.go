@@ -19,6 +19,14 @@ func longer(w Workload, d time.Duration) Workload {
 	return w
 }
 
+// chatter is three clients keeping ten conversations open each, of eight 16-token turns:
+// a turn of each comes every second or so, so every open conversation straddles a fault
+// (see Scenario.Chatter).
+func chatter(seed uint64) *Workload {
+	return &Workload{Conversations: 1000, Turns: 8, Concurrency: 3, Interleave: 10, Duration: 8 * time.Second, MaxTokens: 16,
+		StreamShare: 0.5, Timeout: 30 * time.Second, Seed: seed + 7, First: 1_000_000}
+}
+
 // planned is shortLoad with six short turns a conversation, so that conversations
 // straddle a leave or a join and their next turn shows whether their cache moved.
 func planned(seed uint64) Workload {
@@ -38,16 +46,27 @@ func planned(seed uint64) Workload {
 // root. Faults leave every detection room to finish before the next one.
 func ShortSuite(seed uint64) []Scenario {
 	return []Scenario{
-		{Name: "kill-restart", Nodes: 3, Workload: shortLoad(seed), MaxFailures: 8, MinResumes: 1, MinAffinity: 3, MaxNearTies: 0.35,
+		// Beside the long answers the kill cuts, chatter: conversations the victim served
+		// straddle the crash (their next turn is served from a replica), and those its
+		// heirs served while it was down straddle its return (it pulls them on a miss:
+		// --kv-settle holds the heirs' pushes back for 3s). The load goes on 10s, so that
+		// conversations start and end while the rings are settled again (affinity).
+		{Name: "kill-restart", Nodes: 3, Workload: longer(shortLoad(seed), 10*time.Second), Chatter: chatter(seed), MaxFailures: 12, MinResumes: 1, MinAffinity: 3, MaxNearTies: 0.35,
 			Doc: "kill -9 the owner of streams in flight, restart it 3.5s later",
+			// Room for every open conversation and its replica: an evicted replica leaves
+			// nothing to fail over to.
+			Args:     []string{"--kv-settle", "3s", "--sequences", "32", "--ctx", "16384"},
+			MinMoved: map[string]int{"replica": 3, "pull": 3},
 			Faults: []Fault{{At: 1500 * time.Millisecond, Kind: "kill", Node: Busiest},
 				{At: 5 * time.Second, Kind: "restart", Node: Busiest}}},
 		{Name: "pause-resume", Nodes: 3, Workload: shortLoad(seed), MaxFailures: 4, MinResumes: 1, MinAffinity: 3, MaxNearTies: 0.35,
 			Doc: "SIGSTOP the owner of streams in flight (alive but silent) for 3.5s, then SIGCONT",
 			Faults: []Fault{{At: 1500 * time.Millisecond, Kind: "pause", Node: Busiest},
 				{At: 5 * time.Second, Kind: "resume", Node: Busiest}}},
-		{Name: "leave-join", Nodes: 3, Workload: planned(seed), MaxFailures: 0, NoResumes: true, MinAffinity: 3, MaxNearTies: 0.35,
-			Doc: "a node leaves gracefully (SIGTERM), then a new node joins mid-run: nothing fails, nothing resumes",
+		{Name: "leave-join", Nodes: 3, Workload: planned(seed), Chatter: chatter(seed), MaxFailures: 0, NoResumes: true, MinAffinity: 3, MaxNearTies: 0.35,
+			MinMoved: map[string]int{"handoff": 3, "push": 3},
+			Args:     []string{"--sequences", "32", "--ctx", "16384"}, // room for the chatter: an evicted cache has nothing to move
+			Doc:      "a node leaves gracefully (SIGTERM), then a new node joins mid-run: nothing fails, nothing resumes",
 			// The leave lands while the first conversations are mid-way (they end at about 1.5s).
 			Faults: []Fault{{At: 800 * time.Millisecond, Kind: "leave", Node: 1}, {At: 3500 * time.Millisecond, Kind: "join"}}},
 		overload(seed),
@@ -90,8 +109,9 @@ func slowNode(seed uint64) Scenario {
 	// gets its share back only then, and its samples come slowly meanwhile.
 	w.Duration, w.StreamShare = 30*time.Second, 1
 	return Scenario{Name: "slow-node", Nodes: 3, Workload: w, MaxFailures: 0, NoResumes: true, MinAffinity: 10, MaxNearTies: 0.35, Steady: true,
-		Doc:    "one node at 25% of a CPU for 10s: it answers, slowly; it is marked degraded, keeps a quarter of its conversations, and is restored",
-		Faults: []Fault{{At: 6 * time.Second, Kind: "cpu", Node: 1, Amount: 25}, {At: 16 * time.Second, Kind: "heal"}},
+		MinMoved: map[string]int{"push": 3}, // the degraded member hands most of its conversations on
+		Doc:      "one node at 25% of a CPU for 10s: it answers, slowly; it is marked degraded, keeps a quarter of its conversations, and is restored",
+		Faults:   []Fault{{At: 6 * time.Second, Kind: "cpu", Node: 1, Amount: 25}, {At: 16 * time.Second, Kind: "heal"}},
 		// Detection took 2.0-4.3s in most runs and up to 10s in some (a throttled node
 		// answers probes fast while it is idle between throttled bursts, and the token gaps
 		// of forwards to it show it only as answers stream): it runs in make chaos, not in

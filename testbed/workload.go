@@ -34,31 +34,39 @@ type Workload struct {
 	// HonorRetry makes a client refused with Retry-After wait that long before its next
 	// request, as OpenAI's client libraries do.
 	HonorRetry bool
+	// Interleave is how many conversations each client keeps open, sending their turns in
+	// turn (a user with several chats, or a server with many users): more conversations
+	// straddle each fault than clients run at once. 0 or 1: one at a time.
+	Interleave int
+	// First is the first conversation's number (each number is its own conversation).
+	First int
 }
 
 // Record is one request as the client saw it.
 type Record struct {
-	Conv     int           `json:"conv"`
-	Turn     int           `json:"turn"`
-	Entry    string        `json:"entry"`
-	Served   string        `json:"served,omitempty"`
-	Stream   bool          `json:"stream"`
-	Status   int           `json:"status"`
-	Kind     string        `json:"kind"` // ok, http_error, sse_error, conn_error, cut, bad_event, hung
-	Error    string        `json:"error,omitempty"`
-	Code     string        `json:"code,omitempty"`        // the OpenAI error code of an http_error
-	Retry    bool          `json:"retry_after,omitempty"` // the refusal carried Retry-After
-	wait     time.Duration // what Retry-After said
-	Hops     int           `json:"hops"` // forwards behind the answer; -1 when not reported
-	Start    time.Time     `json:"start"`
-	End      time.Time     `json:"end"`
-	TTFT     time.Duration `json:"ttft_ns"`
-	Tokens   int           `json:"tokens"`
-	Cached   int           `json:"cached_tokens"` // prompt tokens the serving node found in its KV cache
-	Resumed  bool          `json:"resumed"`
-	Seams    []int         `json:"seams,omitempty"` // byte offsets in Text where the answer resumed elsewhere
-	Text     string        `json:"text,omitempty"`
-	Messages []message     `json:"messages,omitempty"`
+	Conv      int           `json:"conv"`
+	Turn      int           `json:"turn"`
+	Entry     string        `json:"entry"`
+	Served    string        `json:"served,omitempty"`
+	Stream    bool          `json:"stream"`
+	MaxTokens int           `json:"max_tokens"`
+	Status    int           `json:"status"`
+	Kind      string        `json:"kind"` // ok, http_error, sse_error, conn_error, cut, bad_event, hung
+	Error     string        `json:"error,omitempty"`
+	Code      string        `json:"code,omitempty"`        // the OpenAI error code of an http_error
+	Retry     bool          `json:"retry_after,omitempty"` // the refusal carried Retry-After
+	wait      time.Duration // what Retry-After said
+	Hops      int           `json:"hops"` // forwards behind the answer; -1 when not reported
+	Start     time.Time     `json:"start"`
+	End       time.Time     `json:"end"`
+	TTFT      time.Duration `json:"ttft_ns"`
+	Tokens    int           `json:"tokens"`
+	Cached    int           `json:"cached_tokens"`       // prompt tokens the serving node found in its KV cache
+	Source    string        `json:"kv_source,omitempty"` // how they came there: replica, handoff, push, pull (empty: a turn ran there)
+	Resumed   bool          `json:"resumed"`
+	Seams     []int         `json:"seams,omitempty"` // byte offsets in Text where the answer resumed elsewhere
+	Text      string        `json:"text,omitempty"`
+	Messages  []message     `json:"messages,omitempty"`
 }
 
 // flight counts the forwarded streams in flight by the node serving them, so faults can
@@ -95,7 +103,9 @@ func (f *flight) busiest(candidates []string) (string, int) {
 func (c *Cluster) RunWorkload(ctx context.Context, w Workload, entries func() []*Node) []Record {
 	var mu sync.Mutex
 	var out []Record
-	c.flight = &flight{byNode: map[string]int{}}
+	if c.flight == nil {
+		c.flight = &flight{byNode: map[string]int{}}
+	}
 	start := time.Now()
 	next := 0
 	var wg sync.WaitGroup
@@ -103,36 +113,50 @@ func (c *Cluster) RunWorkload(ctx context.Context, w Workload, entries func() []
 	for worker := range w.Concurrency {
 		rng := rand.New(rand.NewPCG(w.Seed, uint64(worker)))
 		wg.Go(func() {
-			for {
-				mu.Lock()
-				conv := next
-				next++
-				mu.Unlock()
-				if conv >= w.Conversations || time.Since(start) > w.Duration || ctx.Err() != nil {
-					return
-				}
-				msgs := []message{{"system", fmt.Sprintf("you are story %d", conv)}, {"user", "begin"}}
-				for turn := range w.Turns {
-					nodes := entries()
-					if len(nodes) == 0 {
-						return
-					}
-					entry := nodes[rng.IntN(len(nodes))]
-					r := request(ctx, client, entry, msgs, w.MaxTokens, rng.Float64() < w.StreamShare, w.Timeout, c.flight)
-					r.Conv, r.Turn, r.Messages = conv, turn, msgs
+			type conversation struct {
+				id, turn int
+				msgs     []message
+			}
+			var open []*conversation // round robin: the next turn is the first's
+			for ctx.Err() == nil {
+				for len(open) < max(1, w.Interleave) {
 					mu.Lock()
-					out = append(out, r)
+					id := next
+					next++
 					mu.Unlock()
-					if r.Kind != "ok" {
-						if w.HonorRetry && r.wait > 0 {
-							select {
-							case <-ctx.Done():
-							case <-time.After(min(r.wait, time.Until(start.Add(w.Duration)))):
-							}
-						}
+					if id >= w.Conversations || time.Since(start) > w.Duration {
 						break
 					}
-					msgs = append(msgs[:len(msgs):len(msgs)], message{"assistant", r.Text}, message{"user", fmt.Sprint("go on ", turn)})
+					id += w.First
+					open = append(open, &conversation{id: id, msgs: []message{{"system", fmt.Sprintf("you are story %d", id)}, {"user", "begin"}}})
+				}
+				if len(open) == 0 {
+					return
+				}
+				cv := open[0]
+				open = open[1:]
+				nodes := entries()
+				if len(nodes) == 0 {
+					return
+				}
+				entry := nodes[rng.IntN(len(nodes))]
+				r := request(ctx, client, entry, cv.msgs, w.MaxTokens, rng.Float64() < w.StreamShare, w.Timeout, c.flight)
+				r.Conv, r.Turn, r.Messages = cv.id, cv.turn, cv.msgs
+				mu.Lock()
+				out = append(out, r)
+				mu.Unlock()
+				if r.Kind != "ok" { // the conversation ends here
+					if w.HonorRetry && r.wait > 0 {
+						select {
+						case <-ctx.Done():
+						case <-time.After(min(r.wait, time.Until(start.Add(w.Duration)))):
+						}
+					}
+					continue
+				}
+				cv.msgs = append(cv.msgs[:len(cv.msgs):len(cv.msgs)], message{"assistant", r.Text}, message{"user", fmt.Sprint("go on ", cv.turn)})
+				if cv.turn++; cv.turn < w.Turns {
+					open = append(open, cv)
 				}
 			}
 		})
@@ -145,7 +169,7 @@ func (c *Cluster) RunWorkload(ctx context.Context, w Workload, entries func() []
 // counts in fl while it is read.
 func request(ctx context.Context, client *http.Client, entry *Node, msgs []message, maxTokens int, stream bool, timeout time.Duration,
 	fl *flight) (r Record) {
-	r = Record{Entry: entry.ID, Stream: stream, Start: time.Now(), Hops: -1}
+	r = Record{Entry: entry.ID, Stream: stream, MaxTokens: maxTokens, Start: time.Now(), Hops: -1}
 	defer func() { r.End = time.Now() }()
 	body, _ := json.Marshal(map[string]any{"messages": msgs, "max_tokens": maxTokens, "temperature": 0, "stream": stream,
 		"stream_options": streamOptions(stream)})
@@ -161,6 +185,7 @@ func request(ctx context.Context, client *http.Client, entry *Node, msgs []messa
 	defer resp.Body.Close()
 	r.Status, r.Served = resp.StatusCode, resp.Header.Get("X-Infernode-Node")
 	r.Cached, _ = strconv.Atoi(resp.Header.Get("X-Infernode-Cached-Tokens"))
+	r.Source = resp.Header.Get("X-Infernode-KV-Source")
 	if resp.StatusCode != 200 {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		r.Kind, r.Error = "http_error", strings.TrimSpace(string(b))

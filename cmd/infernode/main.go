@@ -152,6 +152,7 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&rc.ProbeInterval, "probe-interval", rc.ProbeInterval, "how often peers' /readyz are checked")
 	fs.StringVar(&network, "network", "lan", "lan, or wan: gossip and peer checks paced for peers a WAN apart (docs/SCALE.md)")
 	fs.IntVar(&rc.KV.Replicas, "replicas", rc.KV.Replicas, "nodes that keep a copy of a conversation's KV after each turn, for when its owner fails (0 to 3)")
+	fs.DurationVar(&rc.KV.Settle, "kv-settle", rc.KV.Settle, "how long the ring must be quiet before conversations this node no longer owns are pushed to their new owners (a turn sooner pulls)")
 	fs.Float64Var(&rc.KV.Bandwidth, "kv-bandwidth", rc.KV.Bandwidth, "Mbit/s this node's KV transfers may use together (0: unbounded)")
 	fs.StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")

@@ -100,6 +100,7 @@ type Mover struct {
 	pulled map[string]bool    // conversations pulled since this node joined (see previousOwner)
 
 	transfers *prometheus.CounterVec
+	imports   *prometheus.CounterVec // origin
 	bytes     *prometheus.CounterVec
 	seconds   *prometheus.CounterVec
 }
@@ -113,7 +114,7 @@ func New(cfg Config, ring Ring, local Local, auth *hop.Auth, client *http.Client
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Mover{
+	m := &Mover{
 		cfg: cfg, log: log.With("component", "kvmove"), ring: ring, local: local, hop: auth, client: client, now: now,
 		slots:  make(chan struct{}, cfg.Transfers),
 		limit:  newLimit(cfg.Bandwidth),
@@ -122,18 +123,25 @@ func New(cfg Config, ring Ring, local Local, auth *hop.Auth, client *http.Client
 		transfers: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "infernode_kv_transfers_total", Help: "Conversation KV caches pushed to (sent) or taken from (received) peers, by outcome.",
 		}, []string{"direction", "outcome"}),
+		imports: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "infernode_kv_imports_total", Help: "Conversations' KV installed here from peers, by how they came: replica, handoff (from a leaving owner), push (ownership moved), pull (asked on a miss).",
+		}, []string{"origin"}),
 		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "infernode_kv_transfer_bytes_total", Help: "Bytes of KV frames transferred successfully.",
 		}, []string{"direction"}),
 		seconds: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "infernode_kv_transfer_seconds_total", Help: "Time spent transferring KV frames successfully.",
 		}, []string{"direction"}),
-	}, nil
+	}
+	for _, o := range []infer.Origin{infer.Replica, infer.HandOff, infer.Pushed, infer.Pulled} {
+		m.imports.WithLabelValues(string(o))
+	}
+	return m, nil
 }
 
 // Collectors are the mover's metrics.
 func (m *Mover) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.transfers, m.bytes, m.seconds}
+	return []prometheus.Collector{m.transfers, m.imports, m.bytes, m.seconds}
 }
 
 // Observe records a transfer this node took part in (direction "sent", "received" or

@@ -119,6 +119,7 @@ func (m *Mover) pull(ctx context.Context, from Peer, key string) (int, error) {
 	if _, err := m.local.Import(ctx, frame, infer.Pulled, key); err != nil {
 		return len(frame), err
 	}
+	m.imports.WithLabelValues(string(infer.Pulled)).Inc()
 	return len(frame), nil
 }
 
@@ -132,6 +133,7 @@ func (m *Mover) Take(ctx context.Context, frame []byte, origin infer.Origin, fro
 		m.log.Warn("KV frame refused", "from", from, "bytes", len(frame), "err", err)
 		return res, err
 	}
+	m.imports.WithLabelValues(string(origin)).Inc()
 	m.log.Debug("KV taken", "from", from, "origin", origin, "tokens", res.Tokens, "bytes", len(frame), "stall", res.Stall)
 	return res, nil
 }
