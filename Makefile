@@ -45,7 +45,7 @@ APT_PACKAGES := nlohmann-json3-dev libstb-dev nftables iproute2 iptables
 TEST_APT_PACKAGES := chromium
 MALGO        := github.com/gen2brain/malgo@v0.11.24
 
-.PHONY: all deps test-deps flags build fuzz bench-portable bench-quant model bench-model test race lint tidy-check bench bench-http bench-cluster bench-overhead bench-compare run chaos chaos-cleanup upgrade-check clean
+.PHONY: all deps test-deps flags build fuzz bench-portable bench-quant model bench-model test race lint tidy-check bench bench-http bench-cluster bench-overhead bench-compare run chaos chaos-cleanup chaos-mutants upgrade-check clean
 
 all: build
 
@@ -121,6 +121,12 @@ lint: deps
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
+
+# chaos-mutants: the short chaos suite against binaries with one KV path or fault handling
+# broken on purpose (testbed/mutants/*.patch): each must fail it. Prints the table of
+# docs/CHAOS.md; MUTANTS_OUT=dir keeps the logs.
+chaos-mutants: deps
+	sh scripts/chaos-mutants.sh
 
 # upgrade-check: a rolling upgrade under chat load, from the binary of an earlier commit
 # (FROM=commit; default: the newest whose hop minor version differs from this tree's) to

@@ -3,6 +3,7 @@ package testbed
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -169,6 +170,24 @@ func TestAffinityAroundDegraded(t *testing.T) {
 		c.checkAffinity(rep, Scenario{Steady: steady})
 		if want := map[bool]int{true: 2, false: 0}[steady]; rep.Affinity != want { // conv 2 and conv 5
 			t.Errorf("slow link, steady %v: %d conversations checked, want %d", steady, rep.Affinity, want)
+		}
+	}
+}
+
+// TestMutantsApply: every mutant of make chaos-mutants (testbed/mutants) still applies to
+// this tree, so the suite's proof that it catches each broken KV path does not rot.
+func TestMutantsApply(t *testing.T) {
+	patches, err := filepath.Glob("mutants/*.patch")
+	if err != nil || len(patches) == 0 {
+		t.Fatalf("no mutants: %v", err)
+	}
+	if err := exec.Command("git", "-C", "..", "rev-parse", "--git-dir").Run(); err != nil {
+		testenv.Require(t, false, fmt.Sprintf("needs git and a checkout: %v", err))
+	}
+	for _, p := range patches {
+		abs, _ := filepath.Abs(p)
+		if out, err := exec.Command("git", "-C", "..", "apply", "--check", abs).CombinedOutput(); err != nil {
+			t.Errorf("%s no longer applies: %v\n%s", p, err, out)
 		}
 	}
 }
