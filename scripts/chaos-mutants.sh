@@ -1,7 +1,8 @@
 #!/bin/sh
 # chaos-mutants: for each patch in testbed/mutants (one KV path or fault handling broken on
-# purpose), build infernode from this tree with the patch applied and run the short chaos
-# suite against that binary (-failfast: it stops at the first scenario that fails). Each
+# purpose), build infernode from the committed tree (HEAD) with the patch applied and run
+# the short chaos suite against that binary (-failfast: it stops at the first scenario
+# that fails). Each
 # mutant must fail it; the table says where, and which invariants caught it. Logs go to
 # MUTANTS_OUT (default: a temporary directory, removed). Run through make, whose
 # environment has the cgo flags.
@@ -19,7 +20,7 @@ for p in testbed/mutants/*.patch; do
 	name=$(basename "$p" .patch)
 	src="$tmp/src-$name"
 	mkdir "$src"
-	git ls-files -z | xargs -0 cp --parents -t "$src"
+	git archive HEAD | tar -x -C "$src" # the committed tree
 	ln -s "$root/.build" "$src/.build" # the headers cgo finds there (make deps)
 	(cd "$src" && git apply "$root/$p" && $GO build -o "$tmp/infernode-$name" ./cmd/infernode)
 	echo "== $name"
