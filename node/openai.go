@@ -54,9 +54,6 @@ type streamOptions struct {
 	IncludeUsage bool `json:"include_usage"`
 }
 
-type responseFormat struct {
-	Type string `json:"type"`
-}
 
 // chatRequest is POST /v1/chat/completions.
 type chatRequest struct {
@@ -238,6 +235,11 @@ func (p *params) sessionRequest() (infer.Request, error) {
 	if p.TopLogprobs != nil {
 		req.TopLogprobs = *p.TopLogprobs
 	}
+	schema, err := p.ResponseFormat.schema()
+	if err != nil {
+		return req, err
+	}
+	req.Schema = schema
 	return req, nil
 }
 
@@ -249,8 +251,6 @@ func (p *params) refuseUnsupported() error {
 		return e
 	case len(p.LogitBias) > 0:
 		return unsupported("logit_bias")
-	case p.ResponseFormat != nil && p.ResponseFormat.Type != "text":
-		return unsupported("response_format")
 	case len(p.Tools) > 0:
 		return unsupported("tools")
 	case p.ToolChoice != nil && p.ToolChoice != "none" && p.ToolChoice != "auto":

@@ -42,8 +42,8 @@ type Backend interface {
 	// SetSeqState installs one into a sequence.
 	SeqState(seq int, buf []byte) ([]byte, error)
 	SetSeqState(seq int, state []byte) error
-	// NewSampler makes a sampler for one request.
-	NewSampler(p llama.SamplerParams) Sampler
+	// NewSampler makes a sampler for one request (an error: its grammar does not parse).
+	NewSampler(p llama.SamplerParams) (Sampler, error)
 	// Close frees the model and context.
 	Close()
 }
@@ -52,8 +52,11 @@ type Backend interface {
 type Sampler interface {
 	// Accept feeds a token the sampler did not choose (a prompt token) into its history.
 	Accept(tok int32)
-	// Sample picks the next token from a row of logits and records it.
+	// Sample picks the next token from a row of logits and records it; -1 when a
+	// grammar allows no token.
 	Sample(row []float32) int32
+	// Follow advances the grammar, if any, over tokens of the answer generated elsewhere.
+	Follow(tokens []int32) error
 	Free()
 }
 
@@ -144,8 +147,12 @@ func (l *llamaBackend) Decode(b *Batch) error {
 	return l.ctx.Decode(l.batch)
 }
 
-func (l *llamaBackend) NewSampler(p llama.SamplerParams) Sampler {
-	return llamaSampler{llama.NewSampler(l.model, p)}
+func (l *llamaBackend) NewSampler(p llama.SamplerParams) (Sampler, error) {
+	s, err := llama.NewSampler(l.model, p)
+	if err != nil {
+		return nil, err
+	}
+	return llamaSampler{s}, nil
 }
 
 func (l *llamaBackend) Close() {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/infernode/infernode/session/infer"
+	"github.com/infernode/infernode/session/llama"
 )
 
 // Engine runs one model on one llama.cpp context for many concurrent requests.
@@ -26,6 +27,9 @@ type Engine struct {
 	share    int     // generated tokens a request claims cells for at admission: cells/sequences
 	bos      []int32 // what tokenizing adds before every prompt (the model's BOS, if it wants one)
 	maxPiece int     // the longest piece of the vocabulary, in bytes: bounds a prompt's bytes by its tokens
+	// byteToken is a token whose piece is that one byte (-1: none), for a grammar to
+	// follow text byte by byte.
+	byteToken [256]int32
 
 	mu      sync.Mutex
 	waiting []*job      // FIFO, at most cfg.MaxQueue; guarded by mu
@@ -69,6 +73,8 @@ type job struct {
 	maxTokens int
 	stream    *Stream
 	submitted time.Time
+	grammar   string  // req.Schema's
+	answered  []int32 // req.Answered, tokenized: the grammar follows it first
 
 	// Set at admission.
 	slot     *slot
@@ -120,11 +126,19 @@ func newEngine(cfg Config, b Backend, log *slog.Logger) *Engine {
 	}
 	bos, _ := b.Tokenize("", true, false) // nothing when the tokenizer fails: warm falls back to token 0
 	maxPiece := 1
+	var byteToken [256]int32
+	for i := range byteToken {
+		byteToken[i] = -1
+	}
 	for tok := range b.NumVocab() {
-		maxPiece = max(maxPiece, len(b.Piece(int32(tok))))
+		piece := b.Piece(int32(tok))
+		maxPiece = max(maxPiece, len(piece))
+		if len(piece) == 1 && byteToken[piece[0]] < 0 && !b.IsControl(int32(tok)) {
+			byteToken[piece[0]] = int32(tok)
+		}
 	}
 	e := &Engine{
-		cfg: cfg, log: log, b: b, bos: bos, maxPiece: maxPiece,
+		cfg: cfg, log: log, b: b, bos: bos, maxPiece: maxPiece, byteToken: byteToken,
 		batch:    NewBatch(cfg.BatchSize),
 		rng:      rand.New(rand.NewPCG(seed, seed>>32|1)),
 		cells:    b.Cells(),
@@ -232,7 +246,12 @@ func (e *Engine) Submit(ctx context.Context, req infer.Request) (*Stream, error)
 		maxTokens = e.cfg.DefaultMaxTokens
 	}
 	maxTokens = min(maxTokens, e.seqCells-len(prompt))
-	j := &job{ctx: ctx, req: req, prompt: prompt, maxTokens: maxTokens, stream: newStream(), submitted: time.Now()}
+	grammar, answered, err := e.compileSchema(req)
+	if err != nil {
+		return nil, err
+	}
+	j := &job{ctx: ctx, req: req, prompt: prompt, maxTokens: maxTokens, stream: newStream(), submitted: time.Now(),
+		grammar: grammar, answered: answered}
 
 	e.mu.Lock()
 	switch {
@@ -247,6 +266,41 @@ func (e *Engine) Submit(ctx context.Context, req infer.Request) (*Stream, error)
 	e.mu.Unlock()
 	e.signal()
 	return j.stream, nil
+}
+
+// compileSchema compiles req's schema to the grammar that enforces it and checks the text
+// its answer had before it moved here against that grammar, returning the grammar and the
+// text's tokens (the request's sampler follows them at admission). A schema llama.cpp
+// cannot compile, or an answer so far that does not match it, is refused before the
+// request is queued.
+func (e *Engine) compileSchema(req infer.Request) (string, []int32, error) {
+	if req.Schema == "" {
+		return "", nil, nil
+	}
+	grammar := llama.SchemaToGrammar([]byte(req.Schema))
+	if grammar == "" {
+		return "", nil, &infer.InvalidError{Param: "response_format", Reason: "the JSON schema could not be compiled to a grammar"}
+	}
+	s, err := e.b.NewSampler(llama.SamplerParams{Grammar: grammar})
+	if err != nil {
+		return "", nil, &infer.InvalidError{Param: "response_format", Reason: err.Error()}
+	}
+	defer s.Free()
+	if req.Answered == "" {
+		return grammar, nil, nil
+	}
+	// Byte by byte: the tokens' pieces must spell exactly the text (tokenizing it afresh
+	// may add a leading space), and llama.cpp's grammar works on bytes anyway.
+	answered := make([]int32, len(req.Answered))
+	for i := range len(req.Answered) {
+		if answered[i] = e.byteToken[req.Answered[i]]; answered[i] < 0 {
+			return "", nil, &infer.InvalidError{Param: "answered", Reason: fmt.Sprintf("no token of the vocabulary is the byte %#x alone", req.Answered[i])}
+		}
+	}
+	if err := s.Follow(answered); err != nil {
+		return "", nil, &infer.InvalidError{Param: "answered", Reason: err.Error()}
+	}
+	return grammar, answered, nil
 }
 
 func (e *Engine) signal() {

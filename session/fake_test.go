@@ -166,14 +166,15 @@ func (f *fakeBackend) SetSeqState(seq int, state []byte) error {
 	return nil
 }
 
-func (f *fakeBackend) NewSampler(llama.SamplerParams) Sampler { return argmax{} }
-func (f *fakeBackend) Close()                                 {}
+func (f *fakeBackend) NewSampler(llama.SamplerParams) (Sampler, error) { return argmax{}, nil }
+func (f *fakeBackend) Close()                                          {}
 
 // argmax samples greedily, whatever the parameters.
 type argmax struct{}
 
-func (argmax) Accept(int32) {}
-func (argmax) Free()        {}
+func (argmax) Accept(int32)         {}
+func (argmax) Follow([]int32) error { return nil }
+func (argmax) Free()                {}
 func (argmax) Sample(row []float32) int32 {
 	best := 0
 	for i, v := range row {

@@ -1,6 +1,7 @@
 package session
 
 import (
+	"fmt"
 	"math"
 	"slices"
 	"strings"
@@ -223,6 +224,30 @@ func commonPrefix(a, b []int32) int {
 
 // start admits j at placement p.
 func (e *Engine) start(j *job, p placement, stats *infer.Stats) {
+	seed := uint32(j.req.Seed)
+	if j.req.Seed < 0 {
+		seed = e.rng.Uint32()
+	}
+	lastN := j.req.RepeatLastN
+	if lastN == 0 {
+		lastN = 64
+	}
+	sampler, err := e.b.NewSampler(llama.SamplerParams{
+		Temperature: j.req.Temperature, TopK: j.req.TopK, TopP: j.req.TopP, MinP: j.req.MinP,
+		RepeatLastN: lastN, RepeatPenalty: j.req.RepeatPenalty,
+		FrequencyPenalty: j.req.FrequencyPenalty, PresencePenalty: j.req.PresencePenalty, Seed: seed,
+		Grammar: j.grammar,
+	})
+	if err == nil {
+		if err = sampler.Follow(j.answered); err != nil {
+			sampler.Free()
+		}
+	}
+	if err != nil { // Submit checked the grammar: nothing is held yet
+		e.finish(j, "", fmt.Errorf("%w: %w", infer.ErrInvalid, err))
+		return
+	}
+	j.sampler = sampler
 	for _, v := range p.evict {
 		e.drop(v)
 		stats.Evictions++
@@ -248,19 +273,6 @@ func (e *Engine) start(j *job, p placement, stats *infer.Stats) {
 	}
 	s.key, s.job, s.replica, s.share, s.origin = j.req.SessionID, j, false, j.req.Share, infer.Local
 	e.hold(s.key)
-	seed := uint32(j.req.Seed)
-	if j.req.Seed < 0 {
-		seed = e.rng.Uint32()
-	}
-	lastN := j.req.RepeatLastN
-	if lastN == 0 {
-		lastN = 64
-	}
-	j.sampler = e.b.NewSampler(llama.SamplerParams{
-		Temperature: j.req.Temperature, TopK: j.req.TopK, TopP: j.req.TopP, MinP: j.req.MinP,
-		RepeatLastN: lastN, RepeatPenalty: j.req.RepeatPenalty,
-		FrequencyPenalty: j.req.FrequencyPenalty, PresencePenalty: j.req.PresencePenalty, Seed: seed,
-	})
 	for _, tok := range j.prompt[max(0, len(j.prompt)-lastN):] {
 		j.sampler.Accept(tok)
 	}
@@ -481,6 +493,10 @@ func (e *Engine) sample(jobs []*job) {
 
 // emit handles a sampled token: end of turn, text for the stream, stop strings, limits.
 func (e *Engine) emit(j *job, tok int32, stats *infer.Stats) {
+	if tok < 0 { // a grammar that allows nothing more (it ended without an end of turn)
+		e.finish(j, "stop", nil)
+		return
+	}
 	if j.gen == 0 {
 		j.first = time.Now()
 	}

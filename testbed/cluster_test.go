@@ -234,7 +234,13 @@ func TestSharedSystemPrompt(t *testing.T) {
 // first, and how many resume markers it carried; kill, if set, runs once after the first
 // `after` events.
 func streamChat(url string, msgs []message, maxTokens int, after int, kill func()) (string, string, int, error) {
-	body, _ := json.Marshal(map[string]any{"messages": msgs, "max_tokens": maxTokens, "temperature": 0, "stream": true})
+	return streamChatWith(url, map[string]any{"messages": msgs, "max_tokens": maxTokens, "temperature": 0}, after, kill)
+}
+
+// streamChatWith is streamChat for any request body (streamed).
+func streamChatWith(url string, req map[string]any, after int, kill func()) (string, string, int, error) {
+	req["stream"] = true
+	body, _ := json.Marshal(req)
 	resp, err := client.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(string(body)))
 	if err != nil {
 		return "", "", 0, err

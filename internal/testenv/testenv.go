@@ -9,7 +9,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
 )
 
 // Require skips t, or fails it when CI is set, unless ok. what says what is missing and
@@ -90,4 +93,30 @@ func RunWithBinary(m *testing.M, pkg string, binary *string) {
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
+}
+
+// ValidJSON fails t unless text is JSON that schema (a JSON schema) accepts, validated by
+// a JSON Schema library (santhosh-tekuri/jsonschema), not by infernode's own code.
+func ValidJSON(t testing.TB, schema, text string) {
+	t.Helper()
+	doc, err := jsonschema.UnmarshalJSON(strings.NewReader(schema))
+	if err != nil {
+		t.Fatalf("the schema: %v", err)
+	}
+	c := jsonschema.NewCompiler()
+	if err := c.AddResource("schema.json", doc); err != nil {
+		t.Fatal(err)
+	}
+	sch, err := c.Compile("schema.json")
+	if err != nil {
+		t.Fatalf("compile the schema: %v", err)
+	}
+	inst, err := jsonschema.UnmarshalJSON(strings.NewReader(text))
+	if err != nil {
+		t.Errorf("not JSON: %v\n%s", err, text)
+		return
+	}
+	if err := sch.Validate(inst); err != nil {
+		t.Errorf("does not match the schema: %v\n%s", err, text)
+	}
 }

@@ -42,7 +42,9 @@ const (
 	// pushed frame's signed headers carry its body's hash (HeaderBodyHash). A node asks
 	// pulls only of peers that gossip 1.5 (MinorSignedPull): an older one's answer could
 	// not be told from a forged one.
-	Minor = 5
+	// 1.6: a request's JSON schema (a response format) and, on a resumed leg, the text its
+	// answer had (answered): an owner of 1.5 or earlier would ignore the schema.
+	Minor = 6
 
 	// MinorSignedPull is the least minor version whose pull answers are signed.
 	MinorSignedPull = 5
@@ -82,6 +84,9 @@ var Versions = []int{Major}
 // that changes what the owner must do needs an owner that knows it (an older one would
 // ignore it), while fields that only add information do not.
 func MinorFor(r infer.Request) int {
+	if r.Schema != "" {
+		return 6
+	}
 	if r.Share != "" {
 		return 4
 	}
@@ -109,6 +114,8 @@ type Request struct {
 	Seed             int64     `json:"seed"`
 	Logprobs         bool      `json:"logprobs,omitempty"`
 	TopLogprobs      int       `json:"top_logprobs,omitempty"`
+	Schema           string    `json:"schema,omitempty"`   // since 1.6
+	Answered         string    `json:"answered,omitempty"` // since 1.6
 }
 
 // Message is one message of a chat on the wire.
@@ -127,7 +134,7 @@ func NewRequest(model string, r infer.Request) Request {
 	return Request{Model: model, SessionID: r.SessionID, Share: r.Share, FollowUp: r.FollowUp, Prompt: r.Prompt, Messages: msgs, MaxTokens: r.MaxTokens, Stop: r.Stop,
 		Temperature: s.Temperature, TopK: s.TopK, TopP: s.TopP, MinP: s.MinP, RepeatPenalty: s.RepeatPenalty,
 		PresencePenalty: s.PresencePenalty, FrequencyPenalty: s.FrequencyPenalty, RepeatLastN: s.RepeatLastN, Seed: s.Seed,
-		Logprobs: r.Logprobs, TopLogprobs: r.TopLogprobs}
+		Logprobs: r.Logprobs, TopLogprobs: r.TopLogprobs, Schema: r.Schema, Answered: r.Answered}
 }
 
 // Engine returns the request as the engine takes it.
@@ -137,7 +144,7 @@ func (r Request) Engine() infer.Request {
 		msgs = append(msgs, infer.Message(m))
 	}
 	return infer.Request{SessionID: r.SessionID, Share: r.Share, FollowUp: r.FollowUp, Prompt: r.Prompt, Messages: msgs, MaxTokens: r.MaxTokens, Stop: r.Stop,
-		Logprobs: r.Logprobs, TopLogprobs: r.TopLogprobs, Sampling: infer.Sampling{Temperature: r.Temperature, TopK: r.TopK, TopP: r.TopP, MinP: r.MinP,
+		Logprobs: r.Logprobs, TopLogprobs: r.TopLogprobs, Schema: r.Schema, Answered: r.Answered, Sampling: infer.Sampling{Temperature: r.Temperature, TopK: r.TopK, TopP: r.TopP, MinP: r.MinP,
 			RepeatPenalty: r.RepeatPenalty, PresencePenalty: r.PresencePenalty, FrequencyPenalty: r.FrequencyPenalty,
 			RepeatLastN: r.RepeatLastN, Seed: r.Seed}}
 }

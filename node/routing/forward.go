@@ -427,6 +427,7 @@ func (s *routed) resumeElsewhere(cause error) error {
 		// What the model printed is data on the next owner too: marked, so that text
 		// which spells a control token is never turned into one on resume.
 		cont.Prompt += infer.ContentMark + strings.ReplaceAll(s.text.String(), infer.ContentMark, "") + infer.ContentMark
+		cont.Answered = s.text.String() // a schema's grammar, if any, follows it first
 	}
 	cont.MaxTokens = limit - s.base
 	if cont.MaxTokens <= 0 { // the owner died after the last token: the answer is whole

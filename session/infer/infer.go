@@ -40,6 +40,13 @@ type Request struct {
 	// many of the most likely tokens at each position, in Result.Logprobs.
 	Logprobs    bool
 	TopLogprobs int
+	// Schema, if set, is a JSON schema the answer must match (a response format): the
+	// engine compiles it to a grammar, and every token is sampled among those it allows.
+	Schema string
+	// Answered is the text this answer generated before it moved to this node (a resumed
+	// stream, whose prompt ends with it): the schema's grammar follows it first, so the
+	// answer matches as a whole.
+	Answered string
 	Sampling
 }
 

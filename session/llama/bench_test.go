@@ -41,7 +41,7 @@ func BenchmarkRawDecode(b *testing.B) {
 			defer batch.Free()
 			samplers := make([]*Sampler, n)
 			for i := range samplers {
-				samplers[i] = NewSampler(m, SamplerParams{Temperature: sc.temp, TopP: 1, Seed: uint32(i)})
+				samplers[i] = must(NewSampler(m, SamplerParams{Temperature: sc.temp, TopP: 1, Seed: uint32(i)}))
 				defer samplers[i].Free()
 			}
 			const gen = 64

@@ -13,7 +13,9 @@ package llama
 
 /*
 #cgo CPPFLAGS: -I${SRCDIR}/../../.build/include/llama -I${SRCDIR}/../../.build/include/ggml
+#include <math.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -143,15 +145,54 @@ static void set_log(void) {
 // sample_logits runs a sampler chain over one row of logits and records the choice in its
 // history. Unlike llama_sampler_sample it does not touch the context, so rows of one batch
 // can be sampled on several threads at once. buf has room for n_vocab entries.
-static llama_token sample_logits(struct llama_sampler *s, const float *logits, int32_t n_vocab, llama_token_data *buf) {
+static llama_token_data_array candidates(const float *logits, int32_t n_vocab, llama_token_data *buf) {
 	for (int32_t i = 0; i < n_vocab; i++) {
 		buf[i].id = i;
 		buf[i].logit = logits[i];
 		buf[i].p = 0.0f;
 	}
 	llama_token_data_array arr = { buf, (size_t)n_vocab, -1, false };
+	return arr;
+}
+
+static llama_token sample_logits(struct llama_sampler *s, const float *logits, int32_t n_vocab, llama_token_data *buf) {
+	llama_token_data_array arr = candidates(logits, n_vocab, buf);
 	llama_sampler_apply(s, &arr);
 	llama_token tok = arr.data[arr.selected].id;
+	llama_sampler_accept(s, tok);
+	return tok;
+}
+
+// grammar_allows says whether grammar g, in its state, allows token tok next.
+static bool grammar_allows(struct llama_sampler *g, llama_token tok) {
+	llama_token_data one = { tok, 1.0f, 0.0f };
+	llama_token_data_array single = { &one, 1, -1, false };
+	llama_sampler_apply(g, &single);
+	return single.data[0].logit != -INFINITY;
+}
+
+// sample_grammar is sample_logits under grammar g, as llama.cpp's server samples: the
+// chain's choice when the grammar allows it (one token checked, the common case), else the
+// chain's choice among the tokens the grammar allows (every one checked). The choice goes
+// into both histories. -1: the grammar allows no token at all.
+static llama_token sample_grammar(struct llama_sampler *s, struct llama_sampler *g, const float *logits, int32_t n_vocab, llama_token_data *buf) {
+	llama_token_data_array arr = candidates(logits, n_vocab, buf);
+	llama_sampler_apply(s, &arr);
+	llama_token tok = arr.data[arr.selected].id;
+	if (!grammar_allows(g, tok)) {
+		arr = candidates(logits, n_vocab, buf);
+		llama_sampler_apply(g, &arr);
+		bool any = false;
+		for (size_t i = 0; i < arr.size && !any; i++) {
+			any = arr.data[i].logit != -INFINITY;
+		}
+		if (!any) {
+			return -1;
+		}
+		llama_sampler_apply(s, &arr);
+		tok = arr.data[arr.selected].id;
+	}
+	llama_sampler_accept(g, tok);
 	llama_sampler_accept(s, tok);
 	return tok;
 }
@@ -672,6 +713,9 @@ type SamplerParams struct {
 	FrequencyPenalty float32
 	PresencePenalty  float32
 	Seed             uint32
+	// Grammar, if set, is a GBNF grammar (root rule "root") every answer must match:
+	// sampling is constrained to the tokens it allows.
+	Grammar string
 }
 
 // Sampler is a llama.cpp sampler chain with its own RNG and penalty history, and its own
@@ -689,17 +733,31 @@ type Sampler struct {
 	temp  float32
 	probs *C.float
 	rng   *rand.Rand
+	// grammar constrains the chain's choices (nil: none).
+	grammar *C.struct_llama_sampler
 }
 
 // NewSampler builds the chain penalties → top-k → top-p → min-p → temperature → draw (or
-// greedy when Temperature is 0), the order llama.cpp's own server uses.
-func NewSampler(m *Model, p SamplerParams) *Sampler {
+// greedy when Temperature is 0), the order llama.cpp's own server uses, under p.Grammar if
+// set. A grammar llama.cpp cannot parse is an error.
+func NewSampler(m *Model, p SamplerParams) (*Sampler, error) {
+	if p.Grammar != "" {
+		s := newChain(m, p)
+		grammar, root := C.CString(p.Grammar), C.CString("root")
+		defer C.free(unsafe.Pointer(grammar))
+		defer C.free(unsafe.Pointer(root))
+		if s.grammar = C.llama_sampler_init_grammar(m.vocab, grammar, root); s.grammar == nil {
+			s.Free()
+			return nil, errors.New("llama: the grammar does not parse")
+		}
+		return s, nil
+	}
 	if p.Temperature > 0 && !p.penalties() && p.TopK <= 0 && (p.TopP <= 0 || p.TopP >= 1) && p.MinP <= 0 {
 		n := m.NumVocab()
 		return &Sampler{nVocab: n, temp: p.Temperature, probs: (*C.float)(C.malloc(C.size_t(n) * C.sizeof_float)),
-			rng: rand.New(rand.NewPCG(uint64(p.Seed), 0))}
+			rng: rand.New(rand.NewPCG(uint64(p.Seed), 0))}, nil
 	}
-	return newChain(m, p)
+	return newChain(m, p), nil
 }
 
 func (p SamplerParams) penalties() bool {
@@ -757,11 +815,34 @@ func (c *Context) Logits(idx int) Logits { return Logits{C.llama_get_logits_ith(
 
 // Sample picks the next token from a row of logits and records it in the sampler's
 // history. Different Samplers may sample concurrently.
+// Under a grammar that allows no token at all, it returns -1.
 func (s *Sampler) Sample(l Logits) int32 {
-	if s.c == nil {
+	switch {
+	case s.grammar != nil:
+		return int32(C.sample_grammar(s.c, s.grammar, l.p, C.int32_t(s.nVocab), s.buf))
+	case s.c == nil:
 		return s.draw(l, s.rng.Float64())
 	}
 	return int32(C.sample_logits(s.c, l.p, C.int32_t(s.nVocab), s.buf))
+}
+
+// SchemaToGrammar compiles a JSON schema to the GBNF grammar that enforces it, with
+// llama.cpp's converter (through ollama's binding); "" when it cannot. The converter
+// ignores keywords it cannot express: callers check the schema's keywords first.
+func SchemaToGrammar(schema []byte) string { return string(ollama.SchemaToGrammar(schema)) }
+
+// Follow advances the grammar over tokens already in the answer (generated before it
+// moved here), so sampling goes on where they left it. llama.cpp's grammar works on the
+// tokens' characters, so any tokenization of the same text gives the same state. A token
+// the grammar does not allow is refused before it could corrupt the grammar's state.
+func (s *Sampler) Follow(tokens []int32) error {
+	for i, tok := range tokens {
+		if !C.grammar_allows(s.grammar, C.llama_token(tok)) {
+			return fmt.Errorf("llama: the grammar does not allow token %d of the answer so far (%d)", i, tok)
+		}
+		C.llama_sampler_accept(s.grammar, C.llama_token(tok))
+	}
+	return nil
 }
 
 // draw is the temperature-only path's choice for the uniform draw u.
@@ -774,9 +855,12 @@ func (s *Sampler) Free() {
 	if s.c != nil {
 		C.llama_sampler_free(s.c)
 	}
+	if s.grammar != nil {
+		C.llama_sampler_free(s.grammar)
+	}
 	C.free(unsafe.Pointer(s.buf))
 	C.free(unsafe.Pointer(s.probs))
-	s.c, s.buf, s.probs = nil, nil, nil
+	s.c, s.buf, s.probs, s.grammar = nil, nil, nil, nil
 }
 
 // SampleRow is Sample for a row Logits.Row returned.

@@ -152,7 +152,7 @@ func TestDecodeNoSlot(t *testing.T) {
 func TestDecodeGreedy(t *testing.T) {
 	m := testModel(t)
 	c, b := testContext(t, m, 512, 2)
-	s := NewSampler(m, SamplerParams{Temperature: 0})
+	s := must(NewSampler(m, SamplerParams{Temperature: 0}))
 	defer s.Free()
 
 	prompt, _ := m.Tokenize("the river and the sea", true, false)
@@ -262,4 +262,12 @@ func correlation(x, y []float32) float64 {
 		syy += dy * dy
 	}
 	return sxy / math.Sqrt(sxx*syy)
+}
+
+// must is a sampler built without a grammar, which cannot fail.
+func must(s *Sampler, err error) *Sampler {
+	if err != nil {
+		panic(err)
+	}
+	return s
 }

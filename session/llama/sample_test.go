@@ -53,7 +53,7 @@ func TestSampleTemperature(t *testing.T) {
 	row := c.Logits(idx).Row(m.NumVocab())
 	want := softmax(row, temp)
 
-	fast := NewSampler(m, SamplerParams{Temperature: temp, TopP: 1, Seed: 1})
+	fast := must(NewSampler(m, SamplerParams{Temperature: temp, TopP: 1, Seed: 1}))
 	defer fast.Free()
 	if fast.c != nil {
 		t.Fatal("a temperature alone built llama.cpp's chain, not the temperature-only path")
@@ -119,7 +119,7 @@ func BenchmarkSample(b *testing.B) {
 	for _, sc := range []struct {
 		name string
 		new  func(*Model, SamplerParams) *Sampler
-	}{{"chain", newChain}, {"temperature-only", NewSampler}} {
+	}{{"chain", newChain}, {"temperature-only", func(m *Model, p SamplerParams) *Sampler { return must(NewSampler(m, p)) }}} {
 		b.Run(sc.name, func(b *testing.B) {
 			s := sc.new(m, SamplerParams{Temperature: 0.8})
 			defer s.Free()
