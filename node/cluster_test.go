@@ -75,7 +75,7 @@ func (s *fakeStream) Result() infer.Result {
 	return infer.Result{FinishReason: "length", PromptTokens: 1, CompletionTokens: s.n}
 }
 func (s *fakeStream) Admitted() (int, int, bool) { return 1, 0, true }
-func (s *fakeStream) Source() infer.Origin        { return infer.Local }
+func (s *fakeStream) Source() infer.Origin       { return infer.Local }
 func (s *fakeStream) Tokens() int                { return s.i }
 
 type fakeNode struct {

@@ -54,7 +54,6 @@ type streamOptions struct {
 	IncludeUsage bool `json:"include_usage"`
 }
 
-
 // chatRequest is POST /v1/chat/completions.
 type chatRequest struct {
 	Messages []chatMessage `json:"messages"`

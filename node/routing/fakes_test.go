@@ -264,7 +264,7 @@ func (s *fakeStream) Recv() (string, error) {
 
 func (s *fakeStream) Result() infer.Result       { return s.res }
 func (s *fakeStream) Admitted() (int, int, bool) { return s.prompt, 0, true }
-func (s *fakeStream) Source() infer.Origin        { return infer.Local }
+func (s *fakeStream) Source() infer.Origin       { return infer.Local }
 func (s *fakeStream) Tokens() int                { return s.n }
 
 // memNet is an in-memory network: each address is a handler; requests and answers cross
