@@ -40,6 +40,7 @@ type completion struct {
 	foreign      bool   // for a model only peers serve: routed to them, never served here
 	formatted    string // the prompt formatted here from a peer's messages (see hop.NewAnswer)
 	req          infer.Request
+	tools        *toolPlan // the answer is the tools' format, read back into OpenAI's shape
 	start        time.Time
 }
 
@@ -108,11 +109,29 @@ func (s *Server) parseCompletion(ctx *fasthttp.RequestCtx, chat bool) (*completi
 		if err := decodeJSON(ctx.PostBody(), &r); err != nil {
 			return nil, err
 		}
-		var err error
-		if msgs, err = r.chatMessages(); err != nil {
+		plan, err := r.toolPlan()
+		if err != nil {
 			return nil, err
 		}
-		p, opening, c.endpoint, c.id = &r.params, chatOpening(msgs), "/v1/chat/completions", "chatcmpl-"+randomID()
+		// The conversation's key comes from the client's messages; the model sees them with
+		// the tools' format (see withTools).
+		asSent, err := withTools(r.Messages, nil)
+		if err != nil {
+			return nil, err
+		}
+		sent, err := chatMessages(asSent)
+		if err != nil {
+			return nil, err
+		}
+		forModel, err := withTools(r.Messages, plan)
+		if err != nil {
+			return nil, err
+		}
+		if msgs, err = chatMessages(forModel); err != nil {
+			return nil, err
+		}
+		c.tools = plan
+		p, opening, c.endpoint, c.id = &r.params, chatOpening(sent), "/v1/chat/completions", "chatcmpl-"+randomID()
 		c.followUp = slices.ContainsFunc(msgs, func(m infer.Message) bool { return m.Role == "assistant" })
 	} else {
 		var r completionRequest
@@ -130,6 +149,8 @@ func (s *Server) parseCompletion(ctx *fasthttp.RequestCtx, chat bool) (*completi
 			return nil, unsupported("suffix")
 		case r.BestOf != nil && *r.BestOf != 1:
 			return nil, unsupported("best_of")
+		case len(r.Tools) > 0 || r.ToolChoice != nil:
+			return nil, badRequest("tools", "tools are for /v1/chat/completions")
 		case r.Logprobs != nil && *r.Logprobs, r.TopLogprobs != nil && *r.TopLogprobs > 0:
 			return nil, badRequest("logprobs", "logprobs are supported on /v1/chat/completions only")
 		}
@@ -139,6 +160,12 @@ func (s *Server) parseCompletion(ctx *fasthttp.RequestCtx, chat bool) (*completi
 	req, err := p.sessionRequest()
 	if err != nil {
 		return nil, err
+	}
+	if c.tools != nil {
+		if req.Schema != "" {
+			return nil, badRequest("response_format", "response_format and tools cannot be combined (the tools' format is the answer's)")
+		}
+		req.Schema = c.tools.schema
 	}
 	c.model = cmp.Or(p.Model, s.cfg.ModelName)
 	if c.model != s.cfg.ModelName {
@@ -422,6 +449,7 @@ func (s *Server) stream(sse *sseWriter, st infer.Stream, c *completion, first st
 	piece, err := first, firstErr
 	last := time.Now()
 	resumes := 0
+	var held strings.Builder // with tools: the answer, sent in OpenAI's shape once whole
 	for {
 		// A resume is marked with an SSE comment, which OpenAI clients ignore, so test
 		// harnesses can tell a resumed answer from an uninterrupted one.
@@ -431,7 +459,11 @@ func (s *Server) stream(sse *sseWriter, st infer.Stream, c *completion, first st
 				return err
 			}
 		}
-		if piece != "" {
+		switch {
+		case piece == "":
+		case c.tools != nil:
+			held.WriteString(piece)
+		default:
 			if err := sse.event(c.chunk(piece, false, nil)); err != nil {
 				return err
 			}
@@ -459,6 +491,13 @@ func (s *Server) stream(sse *sseWriter, st infer.Stream, c *completion, first st
 		return err
 	}
 	finish := res.FinishReason
+	if c.tools != nil {
+		for _, ch := range c.toolChunks(held.String(), &finish) {
+			if err := sse.event(ch); err != nil {
+				return err
+			}
+		}
+	}
 	if err := sse.event(c.chunk("", false, &finish)); err != nil {
 		return err
 	}

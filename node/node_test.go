@@ -204,7 +204,7 @@ func TestBadInputs(t *testing.T) {
 		{"image content", "POST", chat, `{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}`, auth, 400, "messages"},
 		{"n of 2", "POST", chat, `{"messages":[{"role":"user","content":"hi"}],"n":2}`, auth, 400, "n"},
 		{"unknown field", "POST", chat, `{"messages":[{"role":"user","content":"hi"}],"frobnicate":true}`, auth, 400, "frobnicate"},
-		{"tools", "POST", chat, `{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function"}]}`, auth, 400, "tools"},
+		{"tools", "POST", chat, `{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function"}]}`, auth, 400, "tools[0].function.name"},
 		{"logprobs", "POST", chat, `{"messages":[{"role":"user","content":"hi"}],"logprobs":true,"stream":true}`, auth, 400, "logprobs"},
 		{"stop wrong type", "POST", chat, `{"messages":[{"role":"user","content":"hi"}],"stop":5}`, auth, 400, "stop"},
 		{"prompt over the context", "POST", chat, `{"messages":[{"role":"user","content":"` + long + `"}]}`, auth, 400, "messages"},

@@ -42,7 +42,7 @@ type params struct {
 	TopLogprobs       *int            `json:"top_logprobs"`
 	LogitBias         map[string]any  `json:"logit_bias"`
 	ResponseFormat    *responseFormat `json:"response_format"`
-	Tools             []any           `json:"tools"`
+	Tools             []tool          `json:"tools"`
 	ToolChoice        any             `json:"tool_choice"`
 	ParallelToolCalls *bool           `json:"parallel_tool_calls"`
 	Store             *bool           `json:"store"`
@@ -61,9 +61,11 @@ type chatRequest struct {
 }
 
 type chatMessage struct {
-	Role    string      `json:"role"`
-	Content textContent `json:"content"`
-	Name    string      `json:"name"`
+	Role       string      `json:"role"`
+	Content    textContent `json:"content"`
+	Name       string      `json:"name"`
+	ToolCalls  []toolCall  `json:"tool_calls"`   // assistant
+	ToolCallID string      `json:"tool_call_id"` // tool
 }
 
 // completionRequest is POST /v1/completions.
@@ -250,10 +252,6 @@ func (p *params) refuseUnsupported() error {
 		return e
 	case len(p.LogitBias) > 0:
 		return unsupported("logit_bias")
-	case len(p.Tools) > 0:
-		return unsupported("tools")
-	case p.ToolChoice != nil && p.ToolChoice != "none" && p.ToolChoice != "auto":
-		return unsupported("tool_choice")
 	}
 	return nil
 }
@@ -263,15 +261,15 @@ func (p *params) refuseUnsupported() error {
 // copied to C for the chat template.
 const maxMessages = 10000
 
-func (r *chatRequest) chatMessages() ([]infer.Message, error) {
-	if len(r.Messages) == 0 {
+func chatMessages(msgs []chatMessage) ([]infer.Message, error) {
+	if len(msgs) == 0 {
 		return nil, badRequest("messages", "messages must not be empty")
 	}
-	if len(r.Messages) > maxMessages {
-		return nil, badRequest("messages", "a chat may have at most %d messages, got %d", maxMessages, len(r.Messages))
+	if len(msgs) > maxMessages {
+		return nil, badRequest("messages", "a chat may have at most %d messages, got %d", maxMessages, len(msgs))
 	}
-	out := make([]infer.Message, 0, len(r.Messages))
-	for i, m := range r.Messages {
+	out := make([]infer.Message, 0, len(msgs))
+	for i, m := range msgs {
 		role := m.Role
 		switch role {
 		case "system", "user", "assistant":
@@ -281,7 +279,7 @@ func (r *chatRequest) chatMessages() ([]infer.Message, error) {
 			return nil, badRequest(fmt.Sprintf("messages[%d].role", i), "message %d has no role", i)
 		default:
 			return nil, badRequest(fmt.Sprintf("messages[%d].role", i),
-				"role %q is not supported (use system, developer, user or assistant)", m.Role)
+				"role %q is not supported (use system, developer, user, assistant or tool)", m.Role)
 		}
 		if m.Content.Null && role != "assistant" {
 			return nil, badRequest(fmt.Sprintf("messages[%d].content", i), "message %d (%s) has no content", i, role)

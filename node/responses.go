@@ -21,13 +21,15 @@ func usageOf(r infer.Result) usage {
 }
 
 type message struct {
-	Role    string `json:"role"`
-	Content string `json:"content"`
+	Role      string     `json:"role"`
+	Content   *string    `json:"content"` // null when the message calls tools
+	ToolCalls []toolCall `json:"tool_calls,omitempty"`
 }
 
 type delta struct {
-	Role    string `json:"role,omitempty"`
-	Content string `json:"content"`
+	Role      string     `json:"role,omitempty"`
+	Content   *string    `json:"content,omitempty"`
+	ToolCalls []toolCall `json:"tool_calls,omitempty"`
 }
 
 type choice struct {
@@ -58,7 +60,17 @@ func (c *completion) response(text string, res infer.Result) completionObject {
 	ch := choice{FinishReason: &finish}
 	kind := "text_completion"
 	if c.chat {
-		kind, ch.Message = "chat.completion", &message{Role: "assistant", Content: text}
+		kind, ch.Message = "chat.completion", &message{Role: "assistant", Content: &text}
+		if c.tools != nil {
+			if calls, content, ok := toolAnswer(text); ok && calls != nil {
+				ch.Message.Content, ch.Message.ToolCalls = nil, calls
+				if finish == "stop" {
+					finish = "tool_calls"
+				}
+			} else {
+				ch.Message.Content = &content
+			}
+		}
 		if c.req.Logprobs {
 			ch.Logprobs = chatLogprobs(res.Logprobs)
 		}
@@ -78,7 +90,10 @@ func (c *completion) chunk(text string, role bool, finish *string) completionObj
 	ch := choice{FinishReason: finish}
 	kind := "text_completion"
 	if c.chat {
-		kind, ch.Delta = "chat.completion.chunk", &delta{Content: text}
+		kind, ch.Delta = "chat.completion.chunk", &delta{}
+		if text != "" || finish == nil {
+			ch.Delta.Content = &text
+		}
 		if role {
 			ch.Delta.Role = "assistant"
 		}
@@ -88,6 +103,42 @@ func (c *completion) chunk(text string, role bool, finish *string) completionObj
 	o := c.object(kind)
 	o.Choices = []choice{ch}
 	return o
+}
+
+// toolChunks are a tools-format answer's chunks in OpenAI's shape, sent once it is whole:
+// for each call, one delta with its index, id, type and name, then its arguments in
+// pieces; or its text as one content delta. A call makes finish "tool_calls".
+func (c *completion) toolChunks(text string, finish *string) []completionObject {
+	calls, content, ok := toolAnswer(text)
+	if !ok || calls == nil {
+		return []completionObject{c.chunk(content, false, nil)}
+	}
+	if *finish == "stop" {
+		*finish = "tool_calls"
+	}
+	const piece = 16 // bytes of arguments a delta
+	var out []completionObject
+	for i, call := range calls {
+		add := func(tc toolCall) {
+			idx := i
+			tc.Index = &idx
+			o := c.object("chat.completion.chunk")
+			o.Choices = []choice{{Delta: &delta{ToolCalls: []toolCall{tc}}}}
+			out = append(out, o)
+		}
+		head := call
+		head.Function.Arguments = ""
+		add(head)
+		args := call.Function.Arguments
+		for len(args) > 0 {
+			n := min(piece, len(args))
+			var tc toolCall
+			tc.Function.Arguments = args[:n]
+			add(tc)
+			args = args[n:]
+		}
+	}
+	return out
 }
 
 // usageChunk is the extra last chunk stream_options.include_usage asks for.

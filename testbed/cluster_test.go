@@ -74,6 +74,7 @@ type answer struct {
 	cached int    // of them, reused from the KV cache
 	source string // how the cached tokens came to the node (X-Infernode-KV-Source; empty: they did not move)
 	text   string
+	body   []byte // the whole response
 }
 
 var client = &http.Client{Timeout: 60 * time.Second}
@@ -112,7 +113,7 @@ func chatWith(t testing.TB, url string, req map[string]any) answer {
 	}
 	b, _ := io.ReadAll(resp.Body)
 	json.Unmarshal(b, &out)
-	a := answer{status: resp.StatusCode, node: resp.Header.Get("X-Infernode-Node")}
+	a := answer{status: resp.StatusCode, node: resp.Header.Get("X-Infernode-Node"), body: b}
 	a.prompt, _ = strconv.Atoi(resp.Header.Get("X-Infernode-Prompt-Tokens"))
 	a.cached, _ = strconv.Atoi(resp.Header.Get("X-Infernode-Cached-Tokens"))
 	a.source = resp.Header.Get("X-Infernode-KV-Source")
