@@ -3,7 +3,6 @@ package testbed
 import (
 	"bufio"
 	"encoding/json"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -138,5 +137,5 @@ func TestToolCalls(t *testing.T) {
 			t.Errorf("call %d: arguments joined to %q, not JSON", i, a)
 		}
 	}
-	t.Log(fmt.Sprintf("streamed: %d deltas, arguments %v", len(deltas), args))
+	t.Logf("streamed: %d deltas, arguments %v", len(deltas), args)
 }
