@@ -48,8 +48,11 @@ func (*fakeEngine) ChatPrompt(msgs []infer.Message) (string, error) {
 	}
 	return b.String(), nil
 }
-func (*fakeEngine) Stats() infer.Stats { return infer.Stats{} }
-func (f *fakeEngine) Ready() bool      { return !f.notReady }
+func (*fakeEngine) Stats() infer.Stats                     { return infer.Stats{} }
+func (*fakeEngine) Tokenize(string, bool) ([]int32, error) { return nil, nil }
+func (*fakeEngine) Detokenize([]int32) (string, error)     { return "", nil }
+func (*fakeEngine) SeqCells() int                          { return 0 }
+func (f *fakeEngine) Ready() bool                          { return !f.notReady }
 
 // The fake engine caches nothing: KV hand-offs are tested with the real one.
 func (*fakeEngine) Snapshot(context.Context, string) (infer.Frame, error) {

@@ -29,6 +29,11 @@ type Engine interface {
 	Submit(ctx context.Context, req infer.Request) (infer.Stream, error)
 	// ChatPrompt formats a conversation with the model's chat template.
 	ChatPrompt(msgs []infer.Message) (string, error)
+	// Tokenize and Detokenize turn text into the model's tokens and back; SeqCells is the
+	// most tokens one conversation holds.
+	Tokenize(text string, addSpecial bool) ([]int32, error)
+	Detokenize(tokens []int32) (string, error)
+	SeqCells() int
 	Stats() infer.Stats
 	Ready() bool
 }
@@ -297,6 +302,8 @@ func (s *Server) routeTable() map[string]route {
 		"/v1/chat/completions": {method: post, auth: client, serve: func(ctx *fasthttp.RequestCtx) { s.handleCompletion(ctx, true) }},
 		"/v1/completions":      {method: post, auth: client, serve: func(ctx *fasthttp.RequestCtx) { s.handleCompletion(ctx, false) }},
 		"/v1/models":           {method: get, auth: client, serve: s.handleModels},
+		"/tokenize":            {method: post, auth: client, serve: s.handleTokenize},
+		"/detokenize":          {method: post, auth: client, serve: s.handleDetokenize},
 		"/healthz": {method: get, serve: func(ctx *fasthttp.RequestCtx) {
 			writeJSON(ctx, fasthttp.StatusOK, map[string]string{"status": "ok"})
 		}},

@@ -25,6 +25,29 @@ const contentMark = infer.ContentMark
 // ChatPrompt formats a conversation with the model's chat template (or
 // DefaultChatTemplate) and opens the assistant's turn. Message contents are marked as
 // data (see contentMark).
+// Tokenize is text's tokens as the model reads it as data (control tokens spelled in it
+// stay text), with the model's BOS first when addSpecial. Text longer in bytes than the
+// longest prompt could spell is refused before it is tokenized.
+func (e *Engine) Tokenize(text string, addSpecial bool) ([]int32, error) {
+	if limit := e.MaxPromptTokens(); len(text) > limit*e.maxPiece {
+		return nil, &infer.PromptTooLongError{Bytes: len(text), Limit: limit}
+	}
+	return e.b.Tokenize(text, addSpecial, false)
+}
+
+// Detokenize is the text of tokens (control tokens render as nothing); an id outside the
+// vocabulary is refused.
+func (e *Engine) Detokenize(tokens []int32) (string, error) {
+	var b strings.Builder
+	for i, tok := range tokens {
+		if tok < 0 || int(tok) >= e.b.NumVocab() {
+			return "", &infer.InvalidError{Param: fmt.Sprintf("tokens[%d]", i), Reason: fmt.Sprintf("%d is not a token of the vocabulary (0 to %d)", tok, e.b.NumVocab()-1)}
+		}
+		b.Write(e.b.Piece(tok))
+	}
+	return b.String(), nil
+}
+
 func (e *Engine) ChatPrompt(msgs []infer.Message) (string, error) {
 	lmsgs := make([]llama.Message, len(msgs))
 	for i, m := range msgs {

@@ -39,6 +39,31 @@ func (h *Handle) ChatPrompt(msgs []infer.Message) (string, error) {
 	return e.ChatPrompt(msgs)
 }
 
+// Tokenize and Detokenize: see Engine.Tokenize and Engine.Detokenize. SeqCells is the
+// tokens one conversation holds (0 before Set).
+func (h *Handle) Tokenize(text string, addSpecial bool) ([]int32, error) {
+	e := h.e.Load()
+	if e == nil {
+		return nil, infer.ErrClosed
+	}
+	return e.Tokenize(text, addSpecial)
+}
+
+func (h *Handle) Detokenize(tokens []int32) (string, error) {
+	e := h.e.Load()
+	if e == nil {
+		return "", infer.ErrClosed
+	}
+	return e.Detokenize(tokens)
+}
+
+func (h *Handle) SeqCells() int {
+	if e := h.e.Load(); e != nil {
+		return e.SeqCells()
+	}
+	return 0
+}
+
 // Stats is the engine's snapshot, or zero before Set.
 func (h *Handle) Stats() infer.Stats {
 	if e := h.e.Load(); e != nil {

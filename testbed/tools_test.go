@@ -3,6 +3,7 @@ package testbed
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -138,4 +139,62 @@ func TestToolCalls(t *testing.T) {
 		}
 	}
 	t.Logf("streamed: %d deltas, arguments %v", len(deltas), args)
+}
+
+// TestTokenizer, on a real binary and a real model: /tokenize counts a prompt's tokens as
+// the engine does (with the BOS, as many as a completion of it reports), /detokenize reads
+// them back, and bad input is refused.
+func TestTokenizer(t *testing.T) {
+	model := testenv.SharedModel(t, "stories260K.gguf")
+	c := launch(t, Config{Model: model, Nodes: 1, Args: []string{"--ctx", "8192"}})
+	if _, err := c.WaitRings(t.Context(), c.IDs(), 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	url := c.Nodes[0].URL()
+	post := func(path string, req any) (int, map[string]any) {
+		body, _ := json.Marshal(req)
+		resp, err := client.Post(url+path, "application/json", strings.NewReader(string(body)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var out map[string]any
+		json.NewDecoder(resp.Body).Decode(&out)
+		return resp.StatusCode, out
+	}
+	const text = "Once upon a time, there was a little girl"
+	status, tok := post("/tokenize", map[string]any{"content": text, "add_special": true})
+	if status != 200 {
+		t.Fatalf("tokenize: %d %v", status, tok)
+	}
+	var ids []int
+	for _, v := range tok["tokens"].([]any) {
+		ids = append(ids, int(v.(float64)))
+	}
+	body, _ := json.Marshal(map[string]any{"prompt": text, "max_tokens": 1, "temperature": 0})
+	resp, err := client.Post(url+"/v1/completions", "application/json", strings.NewReader(string(body)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if got := resp.Header.Get("X-Infernode-Prompt-Tokens"); got != fmt.Sprint(len(ids)) || tok["count"] != float64(len(ids)) {
+		t.Errorf("tokenize counted %d tokens (count %v), a completion of the same prompt %s", len(ids), tok["count"], got)
+	}
+	status, detok := post("/detokenize", map[string]any{"tokens": ids[1:]}) // without the BOS
+	if status != 200 || strings.TrimSpace(detok["content"].(string)) != text {
+		t.Errorf("detokenize: %d %q, want %q", status, detok["content"], text)
+	}
+	for _, bad := range []struct {
+		path string
+		req  any
+	}{
+		{"/detokenize", map[string]any{"tokens": []int{1, 1 << 30}}},
+		{"/tokenize", map[string]any{"add_special": true}},
+		{"/tokenize", map[string]any{"model": "another", "content": "x"}},
+		{"/tokenize", map[string]any{"content": "x", "surprise": 1}},
+	} {
+		if status, out := post(bad.path, bad.req); status != 400 {
+			t.Errorf("%s %v: %d %v, want 400", bad.path, bad.req, status, out)
+		}
+	}
 }
