@@ -74,7 +74,7 @@ type job struct {
 	stream    *Stream
 	submitted time.Time
 	grammar   string  // req.Schema's
-	answered  []int32 // req.Answered, tokenized: the grammar follows it first
+	answered  []int32 // req.Answered, a token a byte: the grammar follows it first
 
 	// Set at admission.
 	slot     *slot
