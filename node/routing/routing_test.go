@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"strings"
 	"sync"
@@ -583,4 +584,20 @@ func BenchmarkClusterOf1000(b *testing.B) {
 		}
 		b.ReportMetric(float64(size), "bytes/view")
 	})
+}
+
+// TestPeerAddresses: a member's gossip and API addresses are peers' (exempt from a
+// per-client connection cap); this node's own and anyone else's are not.
+func TestPeerAddresses(t *testing.T) {
+	c := newCluster(t)
+	b, d := peerMember("b"), peerMember("d")
+	b.Addr = "10.0.0.2:7946"
+	d.Meta.HTTPAddr = "[2001:db8::4]:8080"
+	c.members.set(b, d)
+	c.entry.v.Sync()
+	for addr, want := range map[string]bool{"10.0.0.2": true, "2001:db8::4": true, "::ffff:10.0.0.2": true, "10.0.0.9": false, "127.0.0.1": false} {
+		if got := c.entry.Peer(netip.MustParseAddr(addr)); got != want {
+			t.Errorf("Peer(%s) = %v, want %v", addr, got, want)
+		}
+	}
 }
