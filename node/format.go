@@ -4,8 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
-	"sort"
 	"strings"
 )
 
@@ -82,13 +82,8 @@ func checkSchema(v any, at string) error {
 	case bool:
 		return nil // true: anything; false: nothing
 	case map[string]any:
-		keys := make([]string, 0, len(s))
-		for k := range s {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
 		integer := s["type"] == "integer"
-		for _, k := range keys {
+		for _, k := range slices.Sorted(maps.Keys(s)) {
 			val := s[k]
 			switch {
 			case slices.Contains(annotations, k):

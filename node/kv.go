@@ -31,7 +31,7 @@ func (s *Server) handleKV(ctx *fasthttp.RequestCtx, replica bool) {
 	switch {
 	case replica:
 		origin = infer.Replica
-	case string(ctx.Request.Header.Peek(hop.HeaderKVWhy)) == "leaving":
+	case string(ctx.Request.Header.Peek(hop.HeaderKVWhy)) == hop.KVWhyLeaving:
 		origin = infer.HandOff
 	}
 	res, err := s.cluster.TakeKV(s.base, ctx.PostBody(), origin, string(ctx.Request.Header.Peek(hop.HeaderFrom)))

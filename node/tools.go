@@ -2,6 +2,7 @@ package node
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"regexp"
@@ -68,7 +69,7 @@ func (p *params) toolPlan() (*toolPlan, error) {
 	}
 	if len(p.Tools) == 0 {
 		if choice == "required" || named != "" {
-			return nil, badRequest("tool_choice", "tool_choice %q needs tools", cmpOr(named, choice))
+			return nil, badRequest("tool_choice", "tool_choice %q needs tools", cmp.Or(named, choice))
 		}
 		return nil, nil
 	}
@@ -158,13 +159,6 @@ func toolChoice(v any) (choice, named string, err error) {
 		}
 	}
 	return "", "", badRequest("tool_choice", `tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}`)
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 // withTools is a chat's messages as the model sees them with plan in force: the format's

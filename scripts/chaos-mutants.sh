@@ -18,11 +18,7 @@ printf '| mutant | short suite | caught by |\n| --- | --- | --- |\n' >"$table"
 status=0
 for p in testbed/mutants/*.patch; do
 	name=$(basename "$p" .patch)
-	src="$tmp/src-$name"
-	mkdir "$src"
-	git archive HEAD | tar -x -C "$src" # the committed tree
-	ln -s "$root/.build" "$src/.build" # the headers cgo finds there (make deps)
-	(cd "$src" && git apply "$root/$p" && $GO build -o "$tmp/infernode-$name" ./cmd/infernode)
+	sh scripts/build-at.sh HEAD "$tmp/infernode-$name" "$root/$p"
 	echo "== $name"
 	start=$(date +%s)
 	rc=0

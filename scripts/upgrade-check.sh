@@ -20,8 +20,5 @@ from=$(git rev-parse --short "$from")
 echo "upgrade-check: from $from (hop 1.$(minor "$from")) to this tree (hop 1.$(minor))"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-mkdir "$tmp/src"
-git archive "$from" | tar -x -C "$tmp/src"
-ln -s "$(pwd)/.build" "$tmp/src/.build" # the headers cgo finds there (make deps)
-(cd "$tmp/src" && $GO build -o "$tmp/infernode-$from" ./cmd/infernode)
+sh scripts/build-at.sh "$from" "$tmp/infernode-$from"
 INFERNODE_UPGRADE_FROM="$tmp/infernode-$from" $GO test -count=1 -timeout 10m -run '^TestUpgrade$' -v ./testbed

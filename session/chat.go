@@ -29,8 +29,8 @@ const contentMark = infer.ContentMark
 // stay text), with the model's BOS first when addSpecial. Text longer in bytes than the
 // longest prompt could spell is refused before it is tokenized.
 func (e *Engine) Tokenize(text string, addSpecial bool) ([]int32, error) {
-	if limit := e.MaxPromptTokens(); len(text) > limit*e.maxPiece {
-		return nil, &infer.PromptTooLongError{Bytes: len(text), Limit: limit}
+	if err := e.checkBytes(text); err != nil {
+		return nil, err
 	}
 	return e.b.Tokenize(text, addSpecial, false)
 }

@@ -195,6 +195,15 @@ func (e *Engine) MaxPromptTokens() int {
 	return limit
 }
 
+// checkBytes refuses text longer in bytes than the longest prompt could spell, before it
+// is tokenized.
+func (e *Engine) checkBytes(text string) error {
+	if limit := e.MaxPromptTokens(); len(text) > limit*e.maxPiece {
+		return &infer.PromptTooLongError{Bytes: len(text), Limit: limit}
+	}
+	return nil
+}
+
 // Ready reports whether Run has warmed the model and is serving.
 func (e *Engine) Ready() bool { return e.ready.Load() }
 
@@ -231,8 +240,8 @@ func (e *Engine) Submit(ctx context.Context, req infer.Request) (*Stream, error)
 	// A prompt longer in bytes than the longest prompt could spell is refused before it is
 	// tokenized (which takes time and memory in proportion, three times over for text that
 	// spells control tokens).
-	if limit := e.MaxPromptTokens(); len(req.Prompt) > limit*e.maxPiece {
-		return nil, &infer.PromptTooLongError{Bytes: len(req.Prompt), Limit: limit}
+	if err := e.checkBytes(req.Prompt); err != nil {
+		return nil, err
 	}
 	prompt, err := e.tokenize(req.Prompt)
 	if err != nil {

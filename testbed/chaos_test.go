@@ -43,30 +43,36 @@ func TestChaosShort(t *testing.T) {
 			}
 			cfg := Config{Binary: binary, Model: model, LogDir: logs,
 				Args: []string{"--ctx", "8192", "--threads", "1", "--log-level", "info"}}
-			rep, err := RunScenario(t.Context(), cfg, s)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var sb strings.Builder
-			rep.Summary(&sb)
-			t.Log("\n" + sb.String())
-			if err := rep.Save(cfg.LogDir); err != nil {
-				t.Errorf("save the report: %v", err)
-			}
-			if rep.Sent == 0 || rep.Completed == 0 {
-				t.Errorf("the workload sent %d and completed %d requests", rep.Sent, rep.Completed)
-			}
-			for _, ch := range rep.Checks {
-				if !ch.Pass {
-					t.Errorf("invariant %q failed: %s", ch.Name, ch.Detail)
-				}
-			}
-			for _, a := range rep.Faults {
-				if a.Err != "" {
-					t.Errorf("fault %s: %s", a.Fault, a.Err)
-				}
-			}
+			runChecked(t, cfg, s)
 		})
+	}
+}
+
+// runChecked runs scenario s on cfg, logs and saves its report, and fails t for every
+// invariant that failed and every fault that could not be applied.
+func runChecked(t *testing.T, cfg Config, s Scenario) {
+	rep, err := RunScenario(t.Context(), cfg, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sb strings.Builder
+	rep.Summary(&sb)
+	t.Log("\n" + sb.String())
+	if err := rep.Save(cfg.LogDir); err != nil {
+		t.Errorf("save the report: %v", err)
+	}
+	if rep.Sent == 0 || rep.Completed == 0 {
+		t.Errorf("the workload sent %d and completed %d requests", rep.Sent, rep.Completed)
+	}
+	for _, ch := range rep.Checks {
+		if !ch.Pass {
+			t.Errorf("invariant %q failed: %s", ch.Name, ch.Detail)
+		}
+	}
+	for _, a := range rep.Faults {
+		if a.Err != "" {
+			t.Errorf("fault %s: %s", a.Fault, a.Err)
+		}
 	}
 }
 

@@ -105,7 +105,7 @@ func startReference(ctx context.Context, cfg Config) (*Node, func(), error) {
 	if cfg.Upgrade != "" {
 		bin = cfg.Upgrade
 	}
-	ref := &Node{ID: "reference", standalone: true, binary: bin, cfg: &Config{Binary: bin, LogDir: cfg.LogDir},
+	ref := &Node{ID: "reference", standalone: true, binary: bin, cfg: &Config{LogDir: cfg.LogDir},
 		args: []string{"--model", cfg.Model, "--id", "reference", "--log-format", "json", "--addr", "127.0.0.1:0",
 			"--threads", "1", "--ctx", "8192"}}
 	if err := ref.start(ctx); err != nil {

@@ -3,7 +3,6 @@ package testbed
 import (
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -28,24 +27,5 @@ func TestUpgrade(t *testing.T) {
 	}
 	cfg := Config{Binary: from, Upgrade: binary, Model: model, LogDir: logs,
 		Args: []string{"--ctx", "8192", "--threads", "1", "--log-level", "info"}}
-	rep, err := RunScenario(t.Context(), cfg, Upgrade(seed, 3))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sb strings.Builder
-	rep.Summary(&sb)
-	t.Log("\n" + sb.String())
-	if err := rep.Save(cfg.LogDir); err != nil {
-		t.Errorf("save the report: %v", err)
-	}
-	for _, ch := range rep.Checks {
-		if !ch.Pass {
-			t.Errorf("invariant %q failed: %s", ch.Name, ch.Detail)
-		}
-	}
-	for _, a := range rep.Faults {
-		if a.Err != "" {
-			t.Errorf("fault %s: %s", a.Fault, a.Err)
-		}
-	}
+	runChecked(t, cfg, Upgrade(seed, 3))
 }

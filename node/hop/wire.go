@@ -59,9 +59,10 @@ const (
 	// covers it, so the receiver can check the signature when the headers arrive, and only
 	// then accept a body larger than an API request's.
 	HeaderBodyHash = "X-Infernode-Body-SHA256"
-	// HeaderKVWhy says "leaving" on a frame its owner pushes as it leaves the cluster (a
-	// hand-off), so the next turn can say how its cache came (SourceHeader).
-	HeaderKVWhy = "X-Infernode-KV-Why"
+	// HeaderKVWhy says KVWhyLeaving on a frame its owner pushes as it leaves the cluster
+	// (a hand-off), so the next turn can say how its cache came (SourceHeader).
+	HeaderKVWhy  = "X-Infernode-KV-Why"
+	KVWhyLeaving = "leaving"
 
 	// NodeHeader names the node that served an answer; PromptHeader how many tokens its
 	// prompt has and CachedHeader how many of them it found in its KV cache. Set on hop

@@ -348,7 +348,7 @@ func (m *Mover) send(ctx context.Context, p Peer, path string, frame infer.Frame
 	sum := [32]byte(hash.Sum(nil))
 	req.Header.Set(hop.HeaderBodyHash, hex.EncodeToString(sum[:]))
 	if why == Leaving {
-		req.Header.Set(hop.HeaderKVWhy, "leaving")
+		req.Header.Set(hop.HeaderKVWhy, hop.KVWhyLeaving)
 	}
 	m.hop.SignHash(req.Header.Set, "POST", path, p.ID, sum)
 	resp, err := m.client.Do(req)
