@@ -45,7 +45,7 @@ APT_PACKAGES := nlohmann-json3-dev libstb-dev nftables iproute2 iptables
 TEST_APT_PACKAGES := chromium
 MALGO        := github.com/gen2brain/malgo@v0.11.24
 
-.PHONY: all deps test-deps flags build fuzz bench-portable bench-quant model bench-model test race lint tidy-check bench bench-http bench-cluster bench-overhead bench-compare run chaos chaos-cleanup chaos-mutants upgrade-check clean
+.PHONY: all deps test-deps flags build fuzz bench-portable bench-quant model bench-model test race lint tidy-check bench bench-http bench-cluster bench-overhead bench-compare run chaos chaos-cleanup chaos-mutants upgrade-check check-clients clean
 
 all: build
 
@@ -205,6 +205,12 @@ bench-compare: build bench-model .build/ollama
 MODELS ?=
 run: build model
 	$(BIN)/testbed run --binary $(BIN)/infernode --model $(MODEL) --models "$(MODELS)" --nodes $(NODES) --log-dir .build/logs
+
+# check-clients: the Vercel AI SDK, the OpenAI SDK and LangChain, unchanged, against a
+# 3-node cluster on a real model (scripts/clients/check.mjs); needs node and npm.
+CLIENTS_MODEL ?= ../shared/models/stories260K.gguf
+check-clients: build
+	scripts/check-clients.sh $(BIN) $(CLIENTS_MODEL)
 
 # chaos: the long chaos suite (5 nodes in network namespaces, every fault type,
 # overlapping) on a real model, every answer compared with a reference; needs root.

@@ -9,6 +9,7 @@ import (
 
 	"github.com/infernode/infernode/node/hop"
 	"github.com/infernode/infernode/node/routing"
+	"github.com/infernode/infernode/node/stored"
 	"github.com/infernode/infernode/session/infer"
 )
 
@@ -33,6 +34,8 @@ type Cluster interface {
 	// signature set with sign.
 	TakeKV(ctx context.Context, frame []byte, origin infer.Origin, from string) (infer.Imported, error)
 	GiveKV(ctx context.Context, key, peer, nonce string, sign func(name, value string)) (infer.Frame, error)
+	// Stored keeps the Responses API's stored responses with their conversations.
+	Stored() *stored.Keeper
 	// Hop verifies what peers send; nil for a node that takes no hops.
 	Hop() *hop.Auth
 	// Peer reports whether ip is a cluster member's address (exempt from per-client
@@ -53,12 +56,23 @@ type Cluster interface {
 	Collectors() []prometheus.Collector
 }
 
-// Standalone is a node without peers: everything is served here (groupcache's NoPeers).
-func Standalone(engine Engine, model string) Cluster { return standalone{engine, model} }
+// Standalone is a node without peers: everything is served here (groupcache's NoPeers),
+// with stored responses kept as stored.DefaultConfig says.
+func Standalone(engine Engine, model string) Cluster {
+	c, _ := StandaloneWith(engine, model, stored.DefaultConfig())
+	return c
+}
+
+// StandaloneWith is Standalone with stored responses kept as st says.
+func StandaloneWith(engine Engine, model string, st stored.Config) (Cluster, error) {
+	k, err := stored.New(st, nil, nil, nil, time.Now)
+	return standalone{engine, model, k}, err
+}
 
 type standalone struct {
 	engine Engine
 	model  string
+	stored *stored.Keeper
 }
 
 func (s standalone) Submit(ctx context.Context, req infer.Request) (infer.Stream, error) {
@@ -87,6 +101,7 @@ func (standalone) TakeKV(context.Context, []byte, infer.Origin, string) (infer.I
 func (standalone) GiveKV(context.Context, string, string, string, func(string, string)) (infer.Frame, error) {
 	return nil, errStandalone
 }
+func (s standalone) Stored() *stored.Keeper { return s.stored }
 func (standalone) Hop() *hop.Auth           { return nil }
 func (standalone) Peer(netip.Addr) bool     { return false }
 func (standalone) KeepAlive() time.Duration { return 0 }
@@ -106,9 +121,9 @@ func (s standalone) Models() []routing.ModelInfo {
 	return []routing.ModelInfo{{ID: s.model, Nodes: 1, Ready: ready, Local: true}}
 }
 
-func (standalone) Serves(string) bool                 { return false }
-func (standalone) View(int) routing.View              { return routing.View{} }
-func (standalone) Collectors() []prometheus.Collector { return nil }
+func (standalone) Serves(string) bool                   { return false }
+func (standalone) View(int) routing.View                { return routing.View{} }
+func (s standalone) Collectors() []prometheus.Collector { return s.stored.Collectors() }
 func (standalone) Happenings() ([]routing.Happening, <-chan routing.Happening, func()) {
 	return nil, nil, func() {}
 }

@@ -29,6 +29,10 @@ type Config struct {
 	// /metrics accept. Without it they take the default tenant's key (APIKey), never a
 	// key file's.
 	AdminKey string
+	// IDKey signs the ids of stored responses (see idMinter); every node of a cluster
+	// needs the same one. cmd/infernode derives it from the cluster secret. Nil: a fixed
+	// key, for nodes without a secret.
+	IDKey []byte
 	// MetricsOpen serves /metrics without a key (Prometheus scrapers often carry
 	// none). Health probes are always open: peers and orchestrators must reach them.
 	// Default false: with an API key set, /metrics requires it.

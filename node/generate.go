@@ -40,7 +40,8 @@ type completion struct {
 	foreign      bool   // for a model only peers serve: routed to them, never served here
 	formatted    string // the prompt formatted here from a peer's messages (see hop.NewAnswer)
 	req          infer.Request
-	tools        *toolPlan // the answer is the tools' format, read back into OpenAI's shape
+	tools        *toolPlan     // the answer is the tools' format, read back into OpenAI's shape
+	resp         *responseTurn // a Responses API request's (see responses.go)
 	start        time.Time
 }
 
@@ -100,63 +101,71 @@ func (s *Server) parseCompletion(ctx *fasthttp.RequestCtx, chat bool) (*completi
 		return nil, errContentType
 	}
 	c := &completion{chat: chat, start: time.Now()}
-	var p *params
-	var msgs []infer.Message
-	var prompt string
-	var opening []string
 	if chat {
 		var r chatRequest
 		if err := decodeJSON(ctx.PostBody(), &r); err != nil {
 			return nil, err
 		}
-		plan, err := r.toolPlan()
-		if err != nil {
-			return nil, err
-		}
-		// The conversation's key comes from the client's messages; the model sees them with
-		// the tools' format (see withTools).
-		asSent, err := withTools(r.Messages, nil)
-		if err != nil {
-			return nil, err
-		}
-		sent, err := chatMessages(asSent)
-		if err != nil {
-			return nil, err
-		}
-		forModel, err := withTools(r.Messages, plan)
-		if err != nil {
-			return nil, err
-		}
-		if msgs, err = chatMessages(forModel); err != nil {
-			return nil, err
-		}
-		c.tools = plan
-		p, opening, c.endpoint, c.id = &r.params, chatOpening(sent), "/v1/chat/completions", "chatcmpl-"+randomID()
-		c.followUp = slices.ContainsFunc(msgs, func(m infer.Message) bool { return m.Role == "assistant" })
-	} else {
-		var r completionRequest
-		if err := decodeJSON(ctx.PostBody(), &r); err != nil {
-			return nil, err
-		}
-		switch {
-		case !r.Prompt.Set || r.Prompt.Text == "":
-			return nil, badRequest("prompt", "prompt must be a non-empty string")
-		case strings.ContainsRune(r.Prompt.Text, 0) || strings.ContainsRune(r.Prompt.Text, '\uFDD0'):
-			return nil, badRequest("prompt", "prompt contains a NUL byte or U+FDD0")
-		case r.Echo != nil && *r.Echo:
-			return nil, unsupported("echo")
-		case r.Suffix != nil && *r.Suffix != "":
-			return nil, unsupported("suffix")
-		case r.BestOf != nil && *r.BestOf != 1:
-			return nil, unsupported("best_of")
-		case len(r.Tools) > 0 || r.ToolChoice != nil:
-			return nil, badRequest("tools", "tools are for /v1/chat/completions")
-		case r.Logprobs != nil && *r.Logprobs, r.TopLogprobs != nil && *r.TopLogprobs > 0:
-			return nil, badRequest("logprobs", "logprobs are supported on /v1/chat/completions only")
-		}
-		prompt = r.Prompt.Text
-		p, opening, c.endpoint, c.id = &r.params, promptOpening(prompt), "/v1/completions", "cmpl-"+randomID()
+		c.endpoint, c.id = "/v1/chat/completions", "chatcmpl-"+randomID()
+		return s.chatCompletion(ctx, c, &r)
 	}
+	var r completionRequest
+	if err := decodeJSON(ctx.PostBody(), &r); err != nil {
+		return nil, err
+	}
+	switch {
+	case !r.Prompt.Set || r.Prompt.Text == "":
+		return nil, badRequest("prompt", "prompt must be a non-empty string")
+	case strings.ContainsRune(r.Prompt.Text, 0) || strings.ContainsRune(r.Prompt.Text, '\uFDD0'):
+		return nil, badRequest("prompt", "prompt contains a NUL byte or U+FDD0")
+	case r.Echo != nil && *r.Echo:
+		return nil, unsupported("echo")
+	case r.Suffix != nil && *r.Suffix != "":
+		return nil, unsupported("suffix")
+	case r.BestOf != nil && *r.BestOf != 1:
+		return nil, unsupported("best_of")
+	case len(r.Tools) > 0 || r.ToolChoice != nil:
+		return nil, badRequest("tools", "tools are for /v1/chat/completions")
+	case r.Logprobs != nil && *r.Logprobs, r.TopLogprobs != nil && *r.TopLogprobs > 0:
+		return nil, badRequest("logprobs", "logprobs are supported on /v1/chat/completions only")
+	}
+	c.endpoint, c.id = "/v1/completions", "cmpl-"+randomID()
+	return s.prepare(ctx, c, &r.params, nil, r.Prompt.Text, promptOpening(r.Prompt.Text))
+}
+
+// chatCompletion makes c of a chat request (or of a Responses API request, made one).
+func (s *Server) chatCompletion(ctx *fasthttp.RequestCtx, c *completion, r *chatRequest) (*completion, error) {
+	plan, err := r.toolPlan()
+	if err != nil {
+		return nil, err
+	}
+	// The conversation's key comes from the client's messages; the model sees them with
+	// the tools' format (see withTools).
+	asSent, err := withTools(r.Messages, nil)
+	if err != nil {
+		return nil, err
+	}
+	sent, err := chatMessages(asSent)
+	if err != nil {
+		return nil, err
+	}
+	forModel, err := withTools(r.Messages, plan)
+	if err != nil {
+		return nil, err
+	}
+	msgs, err := chatMessages(forModel)
+	if err != nil {
+		return nil, err
+	}
+	c.tools = plan
+	c.followUp = slices.ContainsFunc(msgs, func(m infer.Message) bool { return m.Role == "assistant" })
+	return s.prepare(ctx, c, &r.params, msgs, "", chatOpening(sent))
+}
+
+// prepare checks what chats and text completions share and builds c's engine request:
+// from msgs for a chat, else from prompt; opening names the conversation when nothing
+// else does.
+func (s *Server) prepare(ctx *fasthttp.RequestCtx, c *completion, p *params, msgs []infer.Message, prompt string, opening []string) (*completion, error) {
 	req, err := p.sessionRequest()
 	if err != nil {
 		return nil, err
@@ -175,7 +184,7 @@ func (s *Server) parseCompletion(ctx *fasthttp.RequestCtx, chat bool) (*completi
 		c.foreign = true
 	}
 	switch {
-	case !chat:
+	case !c.chat:
 	case c.foreign: // formatted by the node that serves the model, with its template
 		req.Messages = msgs
 	default:
@@ -290,6 +299,15 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, c *completion, submit submit
 		s.countTurn(c, st)
 		if _, _, resumes := s.cluster.Route(st); resumes > 0 {
 			ctx.Response.Header.Set("X-Infernode-Resumed", strconv.Itoa(resumes))
+		}
+		if c.resp != nil {
+			o, err := s.finishResponse(c, st, text, res)
+			if err != nil {
+				writeError(ctx, err)
+				return
+			}
+			writeJSON(ctx, fasthttp.StatusOK, o)
+			return
 		}
 		writeJSON(ctx, fasthttp.StatusOK, c.response(text, res))
 		return
@@ -441,6 +459,9 @@ func (s *Server) observePiece(c *completion, last *time.Time) {
 // (and usage) and [DONE]; or an error event if generation failed. It returns a write error
 // when the client is gone or too slow.
 func (s *Server) stream(sse *sseWriter, st infer.Stream, c *completion, first string, firstErr error, ended func()) error {
+	if c.resp != nil {
+		return s.streamResponse(sse, st, c, first, firstErr, ended)
+	}
 	if c.chat {
 		if err := sse.event(c.chunk("", true, nil)); err != nil {
 			return err
@@ -570,6 +591,12 @@ func (w *sseWriter) event(v any) error {
 		return err
 	}
 	return w.data(b)
+}
+
+// named writes an event with its type on an event line (the Responses API's form).
+func (w *sseWriter) named(typ string, b []byte) error {
+	w.buf = append(append(append(append(append(w.buf[:0], "event: "...), typ...), "\ndata: "...), b...), "\n\n"...)
+	return w.flush()
 }
 
 func (w *sseWriter) comment(text string) error {

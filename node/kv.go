@@ -70,3 +70,18 @@ func (s *Server) handlePull(ctx *fasthttp.RequestCtx) {
 		frame.WriteTo(w) // flushes, and counts the transfer
 	})
 }
+
+// handleStored serves a peer's stored-response hop (see stored.Keeper.Serve).
+func (s *Server) handleStored(ctx *fasthttp.RequestCtx) {
+	in := inbound(ctx)
+	if err := s.cluster.Hop().Authenticate(in); err != nil {
+		writeError(ctx, err)
+		return
+	}
+	status, body := s.cluster.Stored().Serve(s.base, in, ctx.Response.Header.Set)
+	ctx.SetStatusCode(status)
+	if body != nil {
+		ctx.SetContentType("application/json")
+		ctx.SetBody(body)
+	}
+}

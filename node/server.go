@@ -52,6 +52,7 @@ type Server struct {
 	kvImports chan struct{}           // one token per KV frame being installed (KVImports)
 	feeds     atomic.Int64            // event feeds open
 	keys      atomic.Pointer[keyring] // the key file's (see tenants.go)
+	ids       idMinter                // stored responses' ids (see ids.go)
 	created   int64
 	// stopFeeds is closed when the server shuts down: event feeds (GET /v1/events) end.
 	stopFeeds chan struct{}
@@ -95,6 +96,7 @@ func New(cfg Config, engine Engine, cluster Cluster) (*Server, error) {
 		slots:     make(chan struct{}, cfg.MaxStreams),
 		created:   time.Now().Unix(),
 		stopFeeds: make(chan struct{}),
+		ids:       newIDMinter(cfg.IDKey),
 	}
 	keys := keyring{}
 	if cfg.KeyFile != "" {
@@ -242,6 +244,13 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	} else if id, found := strings.CutPrefix(path, "/v1/models/"); found && id != "" {
 		endpoint = "/v1/models/{id}"
 		r, ok = route{method: fasthttp.MethodGet, auth: client, serve: func(ctx *fasthttp.RequestCtx) { s.handleModel(ctx, id) }}, true
+	} else if id, found := strings.CutPrefix(path, "/v1/responses/"); found && id != "" && !strings.Contains(id, "/") {
+		endpoint = "/v1/responses/{id}"
+		method := fasthttp.MethodGet
+		if string(ctx.Method()) == fasthttp.MethodDelete {
+			method = fasthttp.MethodDelete
+		}
+		r, ok = route{method: method, auth: client, serve: func(ctx *fasthttp.RequestCtx) { s.handleResponse(ctx, id) }}, true
 	}
 	switch {
 	case !r.kv && len(ctx.Request.Body()) > s.cfg.MaxBodyBytes:
@@ -290,7 +299,7 @@ const (
 )
 
 // routes are the paths a node serves, and so the only endpoint labels besides
-// "/v1/models/{id}" and "other". A node that takes no hops (standalone) has no hop
+// "/v1/models/{id}", "/v1/responses/{id}" and "other". A node that takes no hops (standalone) has no hop
 // endpoints, and says so on the cluster's.
 func (s *Server) routeTable() map[string]route {
 	get, post := fasthttp.MethodGet, fasthttp.MethodPost
@@ -301,6 +310,7 @@ func (s *Server) routeTable() map[string]route {
 	routes := map[string]route{
 		"/v1/chat/completions": {method: post, auth: client, serve: func(ctx *fasthttp.RequestCtx) { s.handleCompletion(ctx, true) }},
 		"/v1/completions":      {method: post, auth: client, serve: func(ctx *fasthttp.RequestCtx) { s.handleCompletion(ctx, false) }},
+		"/v1/responses":        {method: post, auth: client, serve: s.handleResponses},
 		"/v1/models":           {method: get, auth: client, serve: s.handleModels},
 		"/tokenize":            {method: post, auth: client, serve: s.handleTokenize},
 		"/detokenize":          {method: post, auth: client, serve: s.handleDetokenize},
@@ -326,6 +336,7 @@ func (s *Server) routeTable() map[string]route {
 	routes[hop.KVPath] = route{method: post, kv: true, serve: func(ctx *fasthttp.RequestCtx) { s.handleKV(ctx, false) }}
 	routes[hop.ReplicaPath] = route{method: post, kv: true, serve: func(ctx *fasthttp.RequestCtx) { s.handleKV(ctx, true) }}
 	routes[hop.PullPath] = route{method: post, serve: s.handlePull}
+	routes[hop.StoredPath] = route{method: post, serve: s.handleStored}
 	return routes
 }
 

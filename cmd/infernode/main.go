@@ -154,6 +154,8 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&rc.KV.Replicas, "replicas", rc.KV.Replicas, "nodes that keep a copy of a conversation's KV after each turn, for when its owner fails (0 to 3)")
 	fs.DurationVar(&rc.KV.Settle, "kv-settle", rc.KV.Settle, "how long the ring must be quiet before conversations this node no longer owns are pushed to their new owners (a turn sooner pulls)")
 	fs.Float64Var(&rc.KV.Bandwidth, "kv-bandwidth", rc.KV.Bandwidth, "Mbit/s this node's KV transfers may use together (0: unbounded)")
+	fs.DurationVar(&rc.Stored.TTL, "responses-ttl", rc.Stored.TTL, "how long a stored Responses API response is kept")
+	fs.Int64Var(&rc.Stored.MaxBytes, "responses-bytes", rc.Stored.MaxBytes, "bytes of stored responses a node keeps; past it the least recently used go")
 	fs.StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
@@ -245,7 +247,7 @@ func (o *options) secure(secret, accept, gossipKey string, insecure bool) error 
 		}
 		hop, gk := deriveKeys(s)
 		if i == 0 {
-			o.routing.Secret = hop
+			o.routing.Secret, o.node.IDKey = hop, deriveKey(s, "infernode ids v1")
 			if gossipKey == "" {
 				o.gossip.Key = gk
 			}
@@ -262,14 +264,17 @@ func (o *options) secure(secret, accept, gossipKey string, insecure bool) error 
 // deriveKeys derives the hop signing key and the gossip encryption key from a cluster
 // secret, so one secret is enough and neither key reveals the other.
 func deriveKeys(secret string) (hop, gossipKey []byte) {
-	derive := func(label string) []byte {
-		k, err := hkdf.Key(sha256.New, []byte(secret), nil, label, 32)
-		if err != nil {
-			panic(err) // only for lengths over 255*32 bytes
-		}
-		return k
+	return deriveKey(secret, "infernode hop v1"), deriveKey(secret, "infernode gossip v1")
+}
+
+// deriveKey derives the key labeled label from a cluster secret (the ids of stored
+// responses are signed with one, so that any node can read them).
+func deriveKey(secret, label string) []byte {
+	k, err := hkdf.Key(sha256.New, []byte(secret), nil, label, 32)
+	if err != nil {
+		panic(err) // only for lengths over 255*32 bytes
 	}
-	return derive("infernode hop v1"), derive("infernode gossip v1")
+	return k
 }
 
 func splitList(s string) []string {
@@ -382,7 +387,11 @@ func serve(opts options, log *slog.Logger) error {
 	local := &session.Handle{}
 	var router *routing.Router
 	var g *gossip.Gossip
-	cluster := node.Standalone(local, opts.node.ModelName)
+	cluster, err := node.StandaloneWith(local, opts.node.ModelName, opts.routing.Stored)
+	if err != nil {
+		ln.Close()
+		return err
+	}
 	if opts.joinCluster {
 		if router, g, err = newCluster(opts, ln, local, log); err != nil {
 			ln.Close()
@@ -445,6 +454,7 @@ func serve(opts options, log *slog.Logger) error {
 			// Drained: hand the conversations cached here to their next owners, most
 			// recently used first, for up to the drain timeout again.
 			hctx, cancel := context.WithTimeout(context.Background(), opts.node.DrainTimeout)
+			router.Stored().HandOff(hctx, true) // small records first
 			router.KV().HandOff(hctx, true)
 			cancel()
 		}

@@ -26,6 +26,9 @@ const (
 	// node that joined lately and now owns it (200), or nothing: 404 when it is not held
 	// here, 204 when the asker would recompute it sooner than receive it.
 	PullPath = "/internal/v1/kv/pull"
+	// StoredPath stores, fetches and deletes the Responses API's stored responses on the
+	// nodes that keep a conversation (see node/stored). Since 1.7.
+	StoredPath = "/internal/v1/stored"
 
 	// Major and Minor are the hop protocol version this node speaks. A new minor version
 	// may add fields (receivers ignore fields they do not know); a new major one is not
@@ -44,7 +47,11 @@ const (
 	// not be told from a forged one.
 	// 1.6: a request's JSON schema (a response format) and, on a resumed leg, the text its
 	// answer had (answered): an owner of 1.5 or earlier would ignore the schema.
-	Minor = 6
+	// 1.7: stored responses (StoredPath); a node sends them only to peers of 1.7 or later.
+	Minor = 7
+
+	// MinorStored is the least minor version that keeps stored responses.
+	MinorStored = 7
 
 	// MinorSignedPull is the least minor version whose pull answers are signed.
 	MinorSignedPull = 5

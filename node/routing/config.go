@@ -8,6 +8,7 @@ import (
 	"github.com/infernode/infernode/internal/validate"
 	"github.com/infernode/infernode/node/gray"
 	"github.com/infernode/infernode/node/kvmove"
+	"github.com/infernode/infernode/node/stored"
 	"github.com/infernode/infernode/ring"
 )
 
@@ -69,6 +70,9 @@ type Config struct {
 	MaxLine int
 	// KV configures the movement of conversations' KV caches between nodes.
 	KV kvmove.Config
+	// Stored configures the Responses API's stored responses (kept like KV: on the owner
+	// and its heirs).
+	Stored stored.Config
 	// Gray sets how peers that answer, slowly, are found and avoided (see gray).
 	Gray gray.Config
 	// Candidates is how many ring owners a request may try. Default 3.
@@ -103,6 +107,7 @@ func DefaultConfig() Config {
 		Candidates:      3,                      // the owner and two successors
 		Ring:            ring.DefaultConfig(),
 		KV:              kvmove.DefaultConfig(),
+		Stored:          stored.DefaultConfig(),
 		Gray:            gray.DefaultConfig(),
 	}
 }

@@ -4,7 +4,9 @@ import (
 	"context"
 	"time"
 
+	"github.com/infernode/infernode/node/hop"
 	"github.com/infernode/infernode/node/kvmove"
+	"github.com/infernode/infernode/node/stored"
 	"github.com/infernode/infernode/ring"
 	"github.com/infernode/infernode/session/infer"
 )
@@ -27,6 +29,9 @@ func (r *Router) TakeKV(ctx context.Context, frame []byte, origin infer.Origin, 
 func (r *Router) GiveKV(ctx context.Context, key, peer, nonce string, sign func(name, value string)) (infer.Frame, error) {
 	return r.kv.Give(ctx, key, peer, nonce, sign)
 }
+
+// Stored keeps this node's stored responses (see stored.Keeper).
+func (r *Router) Stored() *stored.Keeper { return r.stored }
 
 // ServeLocal serves req on this node's engine, first pulling its conversation's KV from
 // its previous owner when this node joined lately and does not hold it (see
@@ -68,6 +73,42 @@ func (k kvRing) Joined() time.Time {
 }
 
 func (k kvRing) Happened(kind, peer, detail string) { k.r.v.events.add(kind, peer, detail) }
+
+// storedRing is the router's view as stored sees it: a conversation's records live on
+// its owner and the owner's heirs, like its KV and replicas.
+type storedRing struct{ r *Router }
+
+func (k storedRing) Self() string { return k.r.cfg.Self }
+
+func (k storedRing) Owners(key string, n int) []stored.Peer {
+	owner, ok := k.r.v.table.Ring().Owner(key)
+	if !ok || n < 1 {
+		return nil
+	}
+	out := []stored.Peer{k.peer(owner)}
+	for _, c := range k.r.v.heirs(key, n-1, owner) {
+		out = append(out, stored.Peer{ID: c.id, Addr: c.addr, Minor: c.minor})
+	}
+	return out
+}
+
+func (k storedRing) Heirs(key string, n int) []stored.Peer {
+	var out []stored.Peer
+	for _, c := range k.r.v.heirs(key, n) {
+		out = append(out, stored.Peer{ID: c.id, Addr: c.addr, Minor: c.minor})
+	}
+	return out
+}
+
+func (k storedRing) peer(id string) stored.Peer {
+	if id == k.r.cfg.Self {
+		return stored.Peer{ID: id, Minor: hop.Minor}
+	}
+	k.r.v.mu.Lock()
+	defer k.r.v.mu.Unlock()
+	m := k.r.v.members[id].Meta
+	return stored.Peer{ID: id, Addr: m.HTTPAddr, Minor: m.HopMinor}
+}
 
 type heirKey struct {
 	base *ring.Ring

@@ -13,6 +13,7 @@ import (
 	"github.com/infernode/infernode/gossip"
 	"github.com/infernode/infernode/node/hop"
 	"github.com/infernode/infernode/node/kvmove"
+	"github.com/infernode/infernode/node/stored"
 	"github.com/infernode/infernode/session/infer"
 )
 
@@ -52,6 +53,7 @@ type Router struct {
 	hop    *hop.Auth
 	v      *view
 	kv     *kvmove.Mover
+	stored *stored.Keeper
 
 	forwards  *prometheus.CounterVec
 	resumes   prometheus.Counter
@@ -111,6 +113,14 @@ func New(cfg Config, g Membership, local Engine) (*Router, error) {
 	if r.kv, err = kvmove.New(kv, kvRing{r}, local, r.hop, r.client, clock.Now); err != nil {
 		return nil, err
 	}
+	st := cfg.Stored
+	st.Replicas = cfg.KV.Replicas // records are kept where the KV's replicas go
+	if st.Logger == nil {
+		st.Logger = r.log
+	}
+	if r.stored, err = stored.New(st, storedRing{r}, r.hop, r.client, clock.Now); err != nil {
+		return nil, err
+	}
 	if len(cfg.Secret) == 0 {
 		r.log.Warn("hops are not authenticated (insecure): anyone who reaches this node's HTTP port can submit raw requests as a peer")
 	}
@@ -119,7 +129,7 @@ func New(cfg Config, g Membership, local Engine) (*Router, error) {
 
 // Collectors are the router's Prometheus metrics.
 func (r *Router) Collectors() []prometheus.Collector {
-	return append([]prometheus.Collector{r.forwards, r.resumes, r.ringSize, r.degradedN}, r.kv.Collectors()...)
+	return append([]prometheus.Collector{r.forwards, r.resumes, r.ringSize, r.degradedN}, append(r.kv.Collectors(), r.stored.Collectors()...)...)
 }
 
 // KeepAlive is how often this node, as an owner, tells an entry node that a forwarded
@@ -147,6 +157,7 @@ const syncDelay = 50 * time.Millisecond
 // Run follows membership, checks peers and gossips this node's state until ctx ends.
 func (r *Router) Run(ctx context.Context) error {
 	go r.kv.FollowRing(ctx, r.v.ringCh)
+	go r.stored.FollowRing(ctx, r.v.storedCh, r.cfg.KV.Settle)
 	probe := time.NewTicker(r.cfg.ProbeInterval)
 	defer probe.Stop()
 	var burst <-chan time.Time // set while a burst of membership changes gathers

@@ -55,6 +55,7 @@ type view struct {
 	settled              atomic.Bool            // it has been ready
 	joined               time.Time              // when this node's ring first held another member (see kvmove's pulls)
 	ringCh               chan struct{}          // signaled (coalesced) when the ring changes
+	storedCh             chan struct{}          // the same, for stored responses
 	events               *happenings
 	rate                 decodeRate // tokens a second this node generates, as gossiped
 }
@@ -95,6 +96,7 @@ func newView(cfg Config, log *slog.Logger, g Membership, local Engine, client *h
 		degraded: map[string]bool{},
 		speed:    newSpeeds(cfg.Gray, clock, log),
 		ringCh:   make(chan struct{}, 1),
+		storedCh: make(chan struct{}, 1),
 		started:  clock.Now(),
 		events:   &happenings{now: clock.Now},
 		// Each node starts its turns at its own place (see probeTargets).
@@ -295,9 +297,11 @@ func (v *view) ringChanged() {
 		v.joined = v.clock.Now()
 	}
 	v.abandonDown()
-	select {
-	case v.ringCh <- struct{}{}:
-	default:
+	for _, ch := range []chan struct{}{v.ringCh, v.storedCh} {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
 	}
 }
 
