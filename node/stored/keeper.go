@@ -170,16 +170,29 @@ func (k *Keeper) putHere(ctx context.Context, key string, rec Record) error {
 	return nil
 }
 
-// spread applies o on this node's heirs for its key, best effort.
-func (k *Keeper) spread(ctx context.Context, o op) {
+// spread applies o on this node's heirs for its key, best effort: on the first
+// Config.Replicas of them that take it (one that fails, dead but still on the ring, is
+// passed over for the next). It reports whether any did.
+func (k *Keeper) spread(ctx context.Context, o op) (applied bool) {
 	if k.ring == nil || k.cfg.Replicas == 0 {
-		return
+		return false
 	}
-	for _, p := range k.ring.Heirs(o.Key, k.cfg.Replicas) {
+	done := 0
+	for _, p := range k.ring.Heirs(o.Key, k.cfg.Replicas+2) {
+		if done == k.cfg.Replicas {
+			break
+		}
 		if _, err := k.send(ctx, p, o); err != nil {
 			k.log.Debug("stored response not copied", "op", o.Op, "peer", p.ID, "err", err)
+			if errors.Is(err, ErrNotFound) {
+				done++ // a delete where there was nothing
+			}
+			continue
 		}
+		done++
+		applied = true
 	}
+	return applied
 }
 
 // targets are the nodes to keep key's records, in order: at (if set), then its owners.
@@ -229,7 +242,7 @@ func (k *Keeper) Get(ctx context.Context, key, id string) (Record, error) {
 // whether any node held it.
 func (k *Keeper) Delete(ctx context.Context, key, id string) (bool, error) {
 	found := k.store.Delete(key, id)
-	k.spread(ctx, op{Op: "delete", Key: key, ID: id})
+	found = k.spread(ctx, op{Op: "delete", Key: key, ID: id}) || found
 	for _, p := range k.others(key) {
 		_, err := k.send(ctx, p, op{Op: "delete", Key: key, ID: id, Spread: true})
 		switch {
@@ -274,26 +287,21 @@ func (k *Keeper) HandOff(ctx context.Context, leaving bool) (moved int) {
 		if ctx.Err() != nil {
 			return moved
 		}
-		var to Peer
+		var to []Peer
 		if leaving {
-			h := k.ring.Heirs(key, 1)
-			if len(h) == 0 {
-				continue
-			}
-			to = h[0]
-		} else {
-			o := k.ring.Owners(key, 1)
-			if len(o) == 0 || o[0].ID == k.self() {
-				continue
-			}
-			to = o[0]
+			to = k.ring.Heirs(key, 3) // the first that takes them: one may be dead but still on the ring
+		} else if o := k.ring.Owners(key, 1); len(o) > 0 && o[0].ID != k.self() {
+			to = o
 		}
 		for _, rec := range k.store.Records(key) {
-			if _, err := k.send(ctx, to, op{Op: "put", Key: key, Record: &rec, Spread: true}); err != nil {
-				k.log.Warn("stored response not handed off", "peer", to.ID, "err", err)
-				continue
+			for _, p := range to {
+				if _, err := k.send(ctx, p, op{Op: "put", Key: key, Record: &rec, Spread: true}); err != nil {
+					k.log.Warn("stored response not handed off", "peer", p.ID, "err", err)
+					continue
+				}
+				moved++
+				break
 			}
-			moved++
 		}
 	}
 	if moved > 0 {
