@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"slices"
 	"strconv"
@@ -42,6 +43,9 @@ type completion struct {
 	req          infer.Request
 	tools        *toolPlan     // the answer is the tools' format, read back into OpenAI's shape
 	resp         *responseTurn // a Responses API request's (see responses.go)
+	echo         bool          // a text completion's answer begins with its prompt
+	n            int           // choices a prompt (see choices.go)
+	batch        []choiceOf    // a text completion's prompts (the first is req)
 	start        time.Time
 }
 
@@ -57,6 +61,10 @@ func (s *Server) handleCompletion(ctx *fasthttp.RequestCtx, chat bool) {
 		submit = func(ctx context.Context, req infer.Request) (infer.Stream, error) {
 			return s.cluster.SubmitModel(ctx, c.model, req)
 		}
+	}
+	if len(c.batch) > 1 || c.n > 1 {
+		s.generateMany(ctx, c, submit)
+		return
 	}
 	s.generate(ctx, c, submit)
 }
@@ -114,23 +122,46 @@ func (s *Server) parseCompletion(ctx *fasthttp.RequestCtx, chat bool) (*completi
 		return nil, err
 	}
 	switch {
-	case !r.Prompt.Set || r.Prompt.Text == "":
-		return nil, badRequest("prompt", "prompt must be a non-empty string")
-	case strings.ContainsRune(r.Prompt.Text, 0) || strings.ContainsRune(r.Prompt.Text, '\uFDD0'):
-		return nil, badRequest("prompt", "prompt contains a NUL byte or U+FDD0")
-	case r.Echo != nil && *r.Echo:
-		return nil, unsupported("echo")
+	case len(r.Prompt) == 0:
+		return nil, badRequest("prompt", "prompt must be a non-empty string, a list of token ids, or a list of either")
 	case r.Suffix != nil && *r.Suffix != "":
 		return nil, unsupported("suffix")
 	case r.BestOf != nil && *r.BestOf != 1:
 		return nil, unsupported("best_of")
 	case len(r.Tools) > 0 || r.ToolChoice != nil:
 		return nil, badRequest("tools", "tools are for /v1/chat/completions")
-	case r.Logprobs != nil && *r.Logprobs, r.TopLogprobs != nil && *r.TopLogprobs > 0:
-		return nil, badRequest("logprobs", "logprobs are supported on /v1/chat/completions only")
+	case r.TopLogprobs != nil:
+		return nil, badRequest("top_logprobs", "on completions, logprobs is the number of alternatives (top_logprobs is chat's)")
+	case r.Logprobs.Top > infer.MaxTopLogprobs:
+		return nil, badRequest("logprobs", "logprobs must be at most %d", infer.MaxTopLogprobs)
+	case len(r.Prompt) > 1 && r.Stream:
+		return nil, badRequest("prompt", "a list of prompts is supported without stream only")
 	}
-	c.endpoint, c.id = "/v1/completions", "cmpl-"+randomID()
-	return s.prepare(ctx, c, &r.params, nil, r.Prompt.Text, promptOpening(r.Prompt.Text))
+	c.endpoint, c.id, c.echo = "/v1/completions", "cmpl-"+randomID(), r.Echo != nil && *r.Echo
+	r.echo = c.echo
+	for i, p := range r.Prompt {
+		text := p.Text
+		if len(p.Tokens) > 0 {
+			// The ids name the conversation (its key's opening) and go to the engine as they are.
+			text = strings.Trim(fmt.Sprint(p.Tokens[:min(len(p.Tokens), completionOpening)]), "[]")
+		}
+		switch {
+		case text == "":
+			return nil, badRequest("prompt", "prompt %d is empty", i)
+		case strings.ContainsRune(text, 0) || strings.ContainsRune(text, '\uFDD0'):
+			return nil, badRequest("prompt", "prompt %d contains a NUL byte or U+FDD0", i)
+		}
+		one := *c
+		if _, err := s.prepare(ctx, &one, &r.params, nil, text, promptOpening(text)); err != nil {
+			return nil, err
+		}
+		one.req.Tokens = p.Tokens
+		if i == 0 {
+			*c = one
+		}
+		c.batch = append(c.batch, choiceOf{req: one.req, prompt: p})
+	}
+	return c, nil
 }
 
 // chatCompletion makes c of a chat request (or of a Responses API request, made one).
@@ -205,7 +236,10 @@ func (s *Server) prepare(ctx *fasthttp.RequestCtx, c *completion, p *params, msg
 	if err := s.check(req); err != nil {
 		return nil, err
 	}
-	c.req, c.stream = req, p.Stream
+	c.req, c.stream, c.n = req, p.Stream, 1
+	if p.N != nil {
+		c.n = *p.N
+	}
 	c.includeUsage = p.StreamOptions != nil && p.StreamOptions.IncludeUsage
 	if p.StreamOptions != nil && !p.Stream {
 		return nil, badRequest("stream_options", "stream_options is only allowed with stream: true")
@@ -309,7 +343,7 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, c *completion, submit submit
 			writeJSON(ctx, fasthttp.StatusOK, o)
 			return
 		}
-		writeJSON(ctx, fasthttp.StatusOK, c.response(text, res))
+		writeJSON(ctx, fasthttp.StatusOK, c.response(text, s.echoed(c, c.batch, res), res))
 		return
 	}
 
@@ -464,6 +498,11 @@ func (s *Server) stream(sse *sseWriter, st infer.Stream, c *completion, first st
 	}
 	if c.chat {
 		if err := sse.event(c.chunk("", true, nil)); err != nil {
+			return err
+		}
+	}
+	if e := s.echoed(c, c.batch, infer.Result{}); e != "" {
+		if err := sse.event(c.chunk(e, false, nil)); err != nil {
 			return err
 		}
 	}

@@ -1,6 +1,10 @@
 package node
 
-import "github.com/infernode/infernode/session/infer"
+import (
+	"slices"
+
+	"github.com/infernode/infernode/session/infer"
+)
 
 // OpenAI response objects. Field order and names follow OpenAI's API reference.
 
@@ -54,8 +58,9 @@ func (c *completion) object(kind string) completionObject {
 	return completionObject{ID: c.id, Object: kind, Created: c.start.Unix(), Model: c.model, Choices: []choice{}}
 }
 
-// response is the non-streaming answer.
-func (c *completion) response(text string, res infer.Result) completionObject {
+// response is the non-streaming answer; a text completion's begins with echoed (its
+// prompt, when it asked for an echo).
+func (c *completion) response(text, echoed string, res infer.Result) completionObject {
 	finish := res.FinishReason
 	ch := choice{FinishReason: &finish}
 	kind := "text_completion"
@@ -75,13 +80,53 @@ func (c *completion) response(text string, res infer.Result) completionObject {
 			ch.Logprobs = chatLogprobs(res.Logprobs)
 		}
 	} else {
-		ch.Text = &text
+		whole := echoed + text
+		ch.Text = &whole
+		if c.req.Logprobs || c.req.PromptLogprobs {
+			var lps []infer.TokenLogprob
+			if c.echo {
+				lps = res.PromptLogprobs
+			}
+			ch.Logprobs = textLogprobs(append(slices.Clip(lps), res.Logprobs...), len(lps) > 0)
+		}
 	}
 	o := c.object(kind)
 	o.Choices = []choice{ch}
 	u := usageOf(res)
 	o.Usage = &u
 	return o
+}
+
+// completionLogprobs are a text completion's logprobs in OpenAI's legacy shape, a list
+// per token: its text, its log probability (null for a prompt's first token, which
+// nothing precedes), the most likely alternatives, and its offset in the choice's text.
+type completionLogprobs struct {
+	Tokens        []string             `json:"tokens"`
+	TokenLogprobs []*float32           `json:"token_logprobs"`
+	TopLogprobs   []map[string]float32 `json:"top_logprobs"`
+	TextOffset    []int                `json:"text_offset"`
+}
+
+// textLogprobs shapes lps so; prompted says the first is a prompt's first token.
+func textLogprobs(lps []infer.TokenLogprob, prompted bool) completionLogprobs {
+	out := completionLogprobs{Tokens: []string{}, TokenLogprobs: []*float32{}, TopLogprobs: []map[string]float32{}, TextOffset: []int{}}
+	offset := 0
+	for i, lp := range lps {
+		out.Tokens = append(out.Tokens, lp.Token)
+		out.TextOffset = append(out.TextOffset, offset)
+		offset += len(lp.Token)
+		if i == 0 && prompted {
+			out.TokenLogprobs, out.TopLogprobs = append(out.TokenLogprobs, nil), append(out.TopLogprobs, nil)
+			continue
+		}
+		v := lp.Logprob
+		top := map[string]float32{}
+		for _, t := range lp.Top {
+			top[t.Token] = t.Logprob
+		}
+		out.TokenLogprobs, out.TopLogprobs = append(out.TokenLogprobs, &v), append(out.TopLogprobs, top)
+	}
+	return out
 }
 
 // chunk is one streamed piece: the assistant role announcement (chat), text, or the

@@ -37,8 +37,10 @@ type params struct {
 	SessionID           string         `json:"session_id"` // infernode extension: the conversation key
 	CacheSalt           string         `json:"cache_salt"` // vLLM's: share cached prefixes only with requests of the same salt
 
+	echo bool // a text completion's echo: logprobs score the prompt too, and max_tokens may be 0 (the prompt's score alone)
+
 	// Accepted only with values that change nothing.
-	Logprobs          *bool           `json:"logprobs"`
+	Logprobs          logprobsParam   `json:"logprobs"`
 	TopLogprobs       *int            `json:"top_logprobs"`
 	LogitBias         map[string]any  `json:"logit_bias"`
 	ResponseFormat    *responseFormat `json:"response_format"`
@@ -70,7 +72,7 @@ type chatMessage struct {
 
 // completionRequest is POST /v1/completions.
 type completionRequest struct {
-	Prompt promptText `json:"prompt"`
+	Prompt promptList `json:"prompt"`
 	Echo   *bool      `json:"echo"`
 	Suffix *string    `json:"suffix"`
 	BestOf *int       `json:"best_of"`
@@ -130,26 +132,72 @@ func (c *textContent) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-// promptText is a completion's prompt: a string or a list of exactly one string.
-type promptText struct {
-	Text string
-	Set  bool
+// logprobsParam is "logprobs": true or false on chat, the number of most likely
+// alternatives to list on completions (legacy; 0 lists only the chosen token's).
+type logprobsParam struct {
+	On  bool
+	Top int
 }
 
-func (p *promptText) UnmarshalJSON(b []byte) error {
-	if json.Unmarshal(b, &p.Text) == nil {
-		p.Set = true
+func (l *logprobsParam) UnmarshalJSON(b []byte) error {
+	var on bool
+	if json.Unmarshal(b, &on) == nil || bytes.Equal(b, []byte("null")) {
+		*l = logprobsParam{On: on}
 		return nil
 	}
-	var many []string
-	if json.Unmarshal(b, &many) == nil {
-		if len(many) != 1 {
-			return badRequest("prompt", "a list of %d prompts is not supported: send one prompt per request", len(many))
+	var n int
+	if err := json.Unmarshal(b, &n); err != nil || n < 0 {
+		return badRequest("logprobs", "logprobs must be true, false or (on completions) a number of alternatives")
+	}
+	*l = logprobsParam{On: true, Top: n}
+	return nil
+}
+
+// maxChoices bounds n: each choice is a generation of its own.
+const maxChoices = 16
+
+// maxPrompts bounds the prompts of one completions request (a harness's batch).
+const maxPrompts = 256
+
+// prompt is one of a completion's prompts: text, or the model's token ids.
+type prompt struct {
+	Text   string
+	Tokens []int32
+}
+
+// promptList is a completion's prompt: a string, a list of token ids, or a list of
+// either (a batch, answered in one choice each).
+type promptList []prompt
+
+func (p *promptList) UnmarshalJSON(b []byte) error {
+	var one prompt
+	if one.read(b) {
+		*p = promptList{one}
+		return nil
+	}
+	var many []json.RawMessage
+	if json.Unmarshal(b, &many) != nil || len(many) == 0 {
+		return badRequest("prompt", "prompt must be a string, a list of token ids, or a list of either")
+	}
+	if len(many) > maxPrompts {
+		return badRequest("prompt", "at most %d prompts a request, got %d", maxPrompts, len(many))
+	}
+	out := make(promptList, len(many))
+	for i, raw := range many {
+		if !out[i].read(raw) {
+			return badRequest("prompt", "prompt %d must be a string or a list of token ids", i)
 		}
-		p.Text, p.Set = many[0], true
-		return nil
 	}
-	return badRequest("prompt", "prompt must be a string (token arrays are not supported)")
+	*p = out
+	return nil
+}
+
+// read reads a string or a non-empty list of token ids.
+func (p *prompt) read(b []byte) bool {
+	if json.Unmarshal(b, &p.Text) == nil {
+		return true
+	}
+	return json.Unmarshal(b, &p.Tokens) == nil && len(p.Tokens) > 0
 }
 
 // decodeJSON decodes a request body strictly into v and turns every decoding failure into
@@ -198,14 +246,19 @@ func (p *params) sessionRequest() (infer.Request, error) {
 	if err := p.refuseUnsupported(); err != nil {
 		return req, err
 	}
-	if p.N != nil && *p.N != 1 {
-		return req, badRequest("n", "n must be 1: infernode returns one choice per request")
+	if p.N != nil && (*p.N < 1 || *p.N > maxChoices) {
+		return req, badRequest("n", "n must be in [1, %d], got %d", maxChoices, *p.N)
+	}
+	if p.N != nil && *p.N > 1 && p.Stream {
+		return req, badRequest("n", "n > 1 is supported without stream only")
 	}
 	maxTokens, param := p.MaxTokens, "max_tokens"
 	if p.MaxCompletionTokens != nil {
 		maxTokens, param = p.MaxCompletionTokens, "max_completion_tokens"
 	}
-	if maxTokens != nil {
+	if maxTokens != nil && *maxTokens == 0 && p.echo {
+		req.PrefillOnly = true
+	} else if maxTokens != nil {
 		if *maxTokens < 1 {
 			return req, badRequest(param, "%s must be at least 1, got %d", param, *maxTokens)
 		}
@@ -232,7 +285,11 @@ func (p *params) sessionRequest() (infer.Request, error) {
 		}
 	}
 	req.Stop = p.Stop
-	req.Logprobs = p.Logprobs != nil && *p.Logprobs
+	req.Logprobs, req.TopLogprobs = p.Logprobs.On, p.Logprobs.Top
+	if p.echo {
+		req.PromptLogprobs = req.Logprobs
+		req.Logprobs = req.Logprobs && !req.PrefillOnly // no token is generated to score
+	}
 	if p.TopLogprobs != nil {
 		req.TopLogprobs = *p.TopLogprobs
 	}
@@ -246,7 +303,7 @@ func (p *params) sessionRequest() (infer.Request, error) {
 
 func (p *params) refuseUnsupported() error {
 	switch {
-	case p.Logprobs != nil && *p.Logprobs && p.Stream:
+	case p.Logprobs.On && p.Stream:
 		e := unsupported("logprobs")
 		e.Message = "logprobs are supported without stream only"
 		return e

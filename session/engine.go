@@ -92,6 +92,8 @@ type job struct {
 	first    time.Time
 	gen      int
 	logprobs []infer.TokenLogprob // when the request asked for them
+	scored   []int                // batch indexes of this step's prompt tokens whose logits score the next (PromptLogprobs)
+	prompted []infer.TokenLogprob // the prompt's tokens scored so far (PromptLogprobs)
 }
 
 // New loads the model and creates the context. It starts nothing: Run does the work.
@@ -243,9 +245,9 @@ func (e *Engine) Submit(ctx context.Context, req infer.Request) (*Stream, error)
 	if err := e.checkBytes(req.Prompt); err != nil {
 		return nil, err
 	}
-	prompt, err := e.tokenize(req.Prompt)
+	prompt, err := e.promptTokens(req)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", infer.ErrInvalid, err)
+		return nil, err
 	}
 	if limit := e.MaxPromptTokens(); len(prompt) > limit {
 		return nil, &infer.PromptTooLongError{Tokens: len(prompt), Limit: limit}
@@ -275,6 +277,25 @@ func (e *Engine) Submit(ctx context.Context, req infer.Request) (*Stream, error)
 	e.mu.Unlock()
 	e.signal()
 	return j.stream, nil
+}
+
+// promptTokens is req's prompt as tokens: its Tokens, checked against the vocabulary, or
+// its Prompt tokenized.
+func (e *Engine) promptTokens(req infer.Request) ([]int32, error) {
+	if len(req.Tokens) == 0 {
+		prompt, err := e.tokenize(req.Prompt)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", infer.ErrInvalid, err)
+		}
+		return prompt, nil
+	}
+	vocab := int32(e.b.NumVocab())
+	for i, t := range req.Tokens {
+		if t < 0 || t >= vocab {
+			return nil, &infer.InvalidError{Param: "prompt", Reason: fmt.Sprintf("token %d (at %d) is not in the vocabulary of %d", t, i, vocab)}
+		}
+	}
+	return slices.Clone(req.Tokens), nil
 }
 
 // compileSchema compiles req's schema to the grammar that enforces it and checks the text

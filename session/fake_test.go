@@ -32,6 +32,7 @@ type fakeBackend struct {
 	seqs    map[int][]int32 // each sequence's tokens, at positions 0..n-1
 	rows    map[int]int32   // the last Decode's next token, by batch index
 	decodes int
+	maxRows int   // the most rows of logits one Decode produced
 	fail    error // the next Decode fails with it
 }
 
@@ -98,6 +99,7 @@ func (f *fakeBackend) Decode(b *Batch) error {
 			f.rows[i] = nextToken(tok, pos)
 		}
 	}
+	f.maxRows = max(f.maxRows, len(f.rows))
 	f.mu.Unlock()
 	time.Sleep(time.Duration(b.Len()) * f.perToken)
 	return nil

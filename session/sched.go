@@ -75,6 +75,9 @@ func (e *Engine) place(j *job) (placement, bool) {
 	if from, n := e.sharedPrefix(j.prompt, j.req.Share, p.slot); n > p.reuse {
 		p.from, p.reuse = from, n
 	}
+	if j.req.PromptLogprobs {
+		p.from, p.reuse = nil, 0 // every prompt token's logits are wanted: none is reused
+	}
 	var ok bool
 	p.evict, ok = e.roomFor(p.slot, e.firstClaim(j), p.from)
 	return p, ok
@@ -347,6 +350,9 @@ func (e *Engine) prefillOrder(decoding int, rate float64) []*job {
 			return ps[:i]
 		}
 		j.fed = min(len(j.pending), budget)
+		if j.req.PromptLogprobs {
+			j.fed = min(j.fed, maxScoredPerStep)
+		}
 		budget -= j.fed
 	}
 	return ps
@@ -358,7 +364,7 @@ func (e *Engine) prefillOrder(decoding int, rate float64) []*job {
 // before the next.
 func (e *Engine) catchUp(stats *infer.Stats) {
 	for _, j := range e.jobs {
-		if j.gen != 0 {
+		if j.gen != 0 || j.req.PromptLogprobs {
 			continue
 		}
 		done := len(j.slot.tokens)
@@ -391,7 +397,7 @@ func (e *Engine) step(stats *infer.Stats) {
 	decoding := 0
 	var stalled []*job
 	for _, j := range e.jobs {
-		j.logitIdx, j.fed = -1, 0
+		j.logitIdx, j.fed, j.scored = -1, 0, j.scored[:0]
 		if j.gen == 0 {
 			continue
 		}
@@ -407,8 +413,12 @@ func (e *Engine) step(stats *infer.Stats) {
 	e.stalled = len(stalled)
 	for _, j := range e.prefillOrder(decoding, stats.PrefillRate) {
 		for i, tok := range j.pending[:j.fed] {
-			idx := b.Add(tok, len(j.slot.tokens)+i, j.slot.seq, i == len(j.pending)-1)
-			if i == len(j.pending)-1 {
+			last := i == len(j.pending)-1
+			idx := b.Add(tok, len(j.slot.tokens)+i, j.slot.seq, last || j.req.PromptLogprobs)
+			if j.req.PromptLogprobs {
+				j.scored = append(j.scored, idx)
+			}
+			if last {
 				j.logitIdx = idx
 			}
 		}
@@ -449,20 +459,50 @@ func (e *Engine) step(stats *infer.Stats) {
 		}
 		return
 	}
-	var sampling []*job
+	var sampling, prefilled []*job
 	for _, j := range e.jobs {
 		if j.fed == 0 {
 			continue
 		}
+		e.score(j)
 		j.slot.tokens = append(j.slot.tokens, j.pending[:j.fed]...)
 		j.pending = j.pending[j.fed:]
-		if j.logitIdx >= 0 {
+		switch {
+		case j.logitIdx < 0:
+		case j.req.PrefillOnly:
+			prefilled = append(prefilled, j)
+		default:
 			sampling = append(sampling, j)
 		}
+	}
+	for _, j := range prefilled {
+		e.finish(j, "length", nil) // the prompt is in: nothing to generate
 	}
 	e.sample(sampling)
 	for _, j := range sampling {
 		e.emit(j, j.next, stats)
+	}
+}
+
+// maxScoredPerStep bounds the prompt tokens of one request whose logits a step keeps (a
+// row of the vocabulary each: 64 rows of a 50k vocabulary are 12.5 MiB).
+const maxScoredPerStep = 64
+
+// score computes, for a request that asked for its prompt's logprobs, each fed prompt
+// token's logits' verdict on the token after it, before the step's tokens join the slot.
+func (e *Engine) score(j *job) {
+	if len(j.scored) == 0 {
+		return
+	}
+	base := len(j.slot.tokens) // the position of the first token fed this step
+	if base == 0 {
+		first := e.logprob(nil, j.prompt[0], 0)
+		j.prompted = append(j.prompted, first)
+	}
+	for k, idx := range j.scored {
+		if next := base + k + 1; next < len(j.prompt) {
+			j.prompted = append(j.prompted, e.logprob(e.b.Logits(idx), j.prompt[next], j.req.TopLogprobs))
+		}
 	}
 }
 
@@ -545,7 +585,7 @@ func (e *Engine) finish(j *job, reason string, err error) {
 		}
 	}
 	res := infer.Result{FinishReason: reason, PromptTokens: len(j.prompt), CachedTokens: j.cached,
-		CompletionTokens: j.gen, Total: now.Sub(j.submitted), Logprobs: j.logprobs, Err: err}
+		CompletionTokens: j.gen, Total: now.Sub(j.submitted), Logprobs: j.logprobs, PromptLogprobs: j.prompted, Err: err}
 	if !j.admitted.IsZero() {
 		res.Queued = j.admitted.Sub(j.submitted)
 	}
@@ -568,6 +608,10 @@ func (e *Engine) finish(j *job, reason string, err error) {
 // logprob is tok's log probability in a logits row and the top most likely tokens, by a
 // log-softmax over the whole vocabulary (done only for requests that ask).
 func (e *Engine) logprob(row []float32, tok int32, top int) infer.TokenLogprob {
+	piece := func(t int32) string { return strings.ToValidUTF8(string(e.b.Piece(t)), "\uFFFD") }
+	if row == nil { // no distribution: the first token of a prompt
+		return infer.TokenLogprob{Token: piece(tok)}
+	}
 	hi := row[0]
 	for _, x := range row {
 		hi = max(hi, x)
@@ -577,7 +621,6 @@ func (e *Engine) logprob(row []float32, tok int32, top int) infer.TokenLogprob {
 		sum += math.Exp(float64(x - hi))
 	}
 	lse := float64(hi) + math.Log(sum)
-	piece := func(t int32) string { return strings.ToValidUTF8(string(e.b.Piece(t)), "\uFFFD") }
 	out := infer.TokenLogprob{Token: piece(tok), Logprob: float32(float64(row[tok]) - lse)}
 	if top == 0 {
 		return out

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"testing"
@@ -350,6 +351,57 @@ func TestFakeSource(t *testing.T) {
 			if got := turn("one two three" + first + " four five"); got != infer.Local {
 				t.Errorf("imported as %v: the turn after reports %q, want local", tc.imports, got)
 			}
+		}
+	})
+}
+
+// TestFakePromptLogprobs: a prompt given as tokens is scored whole, a step at a time,
+// even when its conversation holds its beginning: each token after the first gets the
+// model's log probability of it (the fake's is high where the token is the one it
+// predicts, low elsewhere) and its most likely alternative; prefill-only generates nothing.
+func TestFakePromptLogprobs(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e, b, stop := startFake(t, nil)
+		defer stop()
+		const n, wrong = 3*maxScoredPerStep + 5, 100
+		prompt := []int32{fakeBOS}
+		for pos := 1; pos < n; pos++ {
+			next := nextToken(prompt[pos-1], pos-1)
+			if pos == wrong {
+				next = 3 + (next-3+1)%(fakeVocab-3) // not the predicted token
+			}
+			prompt = append(prompt, next)
+		}
+		// The conversation's first turn caches the prompt's beginning.
+		submit(t, e, infer.Request{SessionID: "c", Prompt: "scored", Tokens: prompt[:50], MaxTokens: 1, Sampling: infer.Greedy()})
+		_, res, cached := submit(t, e, infer.Request{SessionID: "c", Prompt: "scored", Tokens: prompt, PromptLogprobs: true,
+			TopLogprobs: 1, PrefillOnly: true, Sampling: infer.Greedy()})
+		if cached != 0 || res.CompletionTokens != 0 || res.FinishReason != "length" || len(res.PromptLogprobs) != n {
+			t.Fatalf("cached %d, %d generated (%q), %d prompt logprobs; want 0, 0 (length), %d", cached, res.CompletionTokens,
+				res.FinishReason, len(res.PromptLogprobs), n)
+		}
+		lse := math.Log(math.E + fakeVocab - 1) // the fake's row: 1 at its prediction, 0 elsewhere
+		for i, lp := range res.PromptLogprobs {
+			want := 1 - lse
+			switch i {
+			case 0:
+				want = 0
+			case wrong:
+				want = -lse
+			}
+			if lp.Token != fmt.Sprintf(" t%d", prompt[i]) || math.Abs(float64(lp.Logprob)-want) > 1e-5 {
+				t.Fatalf("token %d: %q %v, want %q %v", i, lp.Token, lp.Logprob, fmt.Sprintf(" t%d", prompt[i]), want)
+			}
+		}
+		if b.maxRows > maxScoredPerStep {
+			t.Errorf("a step kept %d rows of logits, more than %d", b.maxRows, maxScoredPerStep)
+		}
+		if top := res.PromptLogprobs[wrong].Top; len(top) != 1 || top[0].Token != fmt.Sprintf(" t%d", nextToken(prompt[wrong-1], wrong-1)) {
+			t.Errorf("the wrong token's alternative: %+v", top)
+		}
+		// A token outside the vocabulary is refused.
+		if _, err := e.Submit(t.Context(), infer.Request{Prompt: "x", Tokens: []int32{fakeVocab}, Sampling: infer.Greedy()}); !errors.Is(err, infer.ErrInvalid) {
+			t.Errorf("a token outside the vocabulary: %v", err)
 		}
 	})
 }

@@ -121,5 +121,5 @@ func (a *Answer) Write(write func(line []byte) error, keepAlive time.Duration, t
 	}
 	ended()
 	return event(Event{Done: &Done{FinishReason: res.FinishReason, PromptTokens: res.PromptTokens,
-		CachedTokens: res.CachedTokens, CompletionTokens: res.CompletionTokens, Logprobs: res.Logprobs}})
+		CachedTokens: res.CachedTokens, CompletionTokens: res.CompletionTokens, Logprobs: res.Logprobs, PromptLogprobs: res.PromptLogprobs}})
 }

@@ -48,6 +48,8 @@ const (
 	// 1.6: a request's JSON schema (a response format) and, on a resumed leg, the text its
 	// answer had (answered): an owner of 1.5 or earlier would ignore the schema.
 	// 1.7: stored responses (StoredPath); a node sends them only to peers of 1.7 or later.
+	// A prompt as token ids, its logprobs, prefill only (a request with any goes only to
+	// owners of 1.7: an older one would ignore them).
 	Minor = 7
 
 	// MinorStored is the least minor version that keeps stored responses.
@@ -92,6 +94,9 @@ var Versions = []int{Major}
 // that changes what the owner must do needs an owner that knows it (an older one would
 // ignore it), while fields that only add information do not.
 func MinorFor(r infer.Request) int {
+	if len(r.Tokens) > 0 || r.PromptLogprobs || r.PrefillOnly {
+		return 7
+	}
 	if r.Schema != "" {
 		return 6
 	}
@@ -122,8 +127,11 @@ type Request struct {
 	Seed             int64     `json:"seed"`
 	Logprobs         bool      `json:"logprobs,omitempty"`
 	TopLogprobs      int       `json:"top_logprobs,omitempty"`
-	Schema           string    `json:"schema,omitempty"`   // since 1.6
-	Answered         string    `json:"answered,omitempty"` // since 1.6
+	Schema           string    `json:"schema,omitempty"`          // since 1.6
+	Answered         string    `json:"answered,omitempty"`        // since 1.6
+	Tokens           []int32   `json:"tokens,omitempty"`          // since 1.7
+	PromptLogprobs   bool      `json:"prompt_logprobs,omitempty"` // since 1.7
+	PrefillOnly      bool      `json:"prefill_only,omitempty"`    // since 1.7
 }
 
 // Message is one message of a chat on the wire.
@@ -142,7 +150,8 @@ func NewRequest(model string, r infer.Request) Request {
 	return Request{Model: model, SessionID: r.SessionID, Share: r.Share, FollowUp: r.FollowUp, Prompt: r.Prompt, Messages: msgs, MaxTokens: r.MaxTokens, Stop: r.Stop,
 		Temperature: s.Temperature, TopK: s.TopK, TopP: s.TopP, MinP: s.MinP, RepeatPenalty: s.RepeatPenalty,
 		PresencePenalty: s.PresencePenalty, FrequencyPenalty: s.FrequencyPenalty, RepeatLastN: s.RepeatLastN, Seed: s.Seed,
-		Logprobs: r.Logprobs, TopLogprobs: r.TopLogprobs, Schema: r.Schema, Answered: r.Answered}
+		Logprobs: r.Logprobs, TopLogprobs: r.TopLogprobs, Schema: r.Schema, Answered: r.Answered,
+		Tokens: r.Tokens, PromptLogprobs: r.PromptLogprobs, PrefillOnly: r.PrefillOnly}
 }
 
 // Engine returns the request as the engine takes it.
@@ -152,7 +161,8 @@ func (r Request) Engine() infer.Request {
 		msgs = append(msgs, infer.Message(m))
 	}
 	return infer.Request{SessionID: r.SessionID, Share: r.Share, FollowUp: r.FollowUp, Prompt: r.Prompt, Messages: msgs, MaxTokens: r.MaxTokens, Stop: r.Stop,
-		Logprobs: r.Logprobs, TopLogprobs: r.TopLogprobs, Schema: r.Schema, Answered: r.Answered, Sampling: infer.Sampling{Temperature: r.Temperature, TopK: r.TopK, TopP: r.TopP, MinP: r.MinP,
+		Logprobs: r.Logprobs, TopLogprobs: r.TopLogprobs, Schema: r.Schema, Answered: r.Answered,
+		Tokens: r.Tokens, PromptLogprobs: r.PromptLogprobs, PrefillOnly: r.PrefillOnly, Sampling: infer.Sampling{Temperature: r.Temperature, TopK: r.TopK, TopP: r.TopP, MinP: r.MinP,
 			RepeatPenalty: r.RepeatPenalty, PresencePenalty: r.PresencePenalty, FrequencyPenalty: r.FrequencyPenalty,
 			RepeatLastN: r.RepeatLastN, Seed: r.Seed}}
 }
@@ -180,6 +190,7 @@ type Done struct {
 	CachedTokens     int                  `json:"cached_tokens"`
 	CompletionTokens int                  `json:"completion_tokens"`
 	Logprobs         []infer.TokenLogprob `json:"logprobs,omitempty"`
+	PromptLogprobs   []infer.TokenLogprob `json:"prompt_logprobs,omitempty"` // since 1.7
 }
 
 // Error is an error as a client or a peer is told it: OpenAI's shape plus its HTTP status,

@@ -296,7 +296,8 @@ func (p *peerStream) Recv() (string, error) {
 		p.close()
 		p.mu.Lock()
 		p.res = infer.Result{FinishReason: ev.Done.FinishReason, PromptTokens: ev.Done.PromptTokens,
-			CachedTokens: ev.Done.CachedTokens, CompletionTokens: ev.Done.CompletionTokens, Logprobs: ev.Done.Logprobs}
+			CachedTokens: ev.Done.CachedTokens, CompletionTokens: ev.Done.CompletionTokens, Logprobs: ev.Done.Logprobs,
+			PromptLogprobs: ev.Done.PromptLogprobs}
 		p.mu.Unlock()
 		return "", io.EOF
 	case ev.Error != nil:
@@ -413,6 +414,9 @@ func (s *routed) resumeElsewhere(cause error) error {
 		limit = s.r.cfg.DefaultMaxTokens
 	}
 	cont := s.req
+	if s.text.Len() > 0 && (len(cont.Tokens) > 0 || cont.PromptLogprobs) {
+		return fmt.Errorf("owner %s died mid-stream, and an answer to token ids or with its prompt's logprobs does not resume: %w", peer, cause)
+	}
 	if cont.Prompt == "" { // a chat the dead owner formatted: continue its prompt
 		p, _ := s.cur.(*peerStream)
 		if p == nil || p.formatted == "" {

@@ -20,6 +20,15 @@ type Request struct {
 	// Prompt is the text to continue. Control tokens written as text (such as
 	// <|im_start|>) are parsed as such.
 	Prompt string
+	// Tokens, if set, is the prompt as the model's token ids, used as they are (no
+	// beginning-of-sequence token is added) in place of Prompt, which then only names it
+	// (for routing and logs).
+	Tokens []int32
+	// PromptLogprobs asks for the log probability of every prompt token after the first
+	// (and TopLogprobs alternatives) in Result.PromptLogprobs, as evaluation harnesses
+	// score a text: the prompt is computed whole, its cached KV not reused. PrefillOnly
+	// generates nothing (finish reason "length"): the prompt's score alone.
+	PromptLogprobs, PrefillOnly bool
 	// Messages is a chat to format with the serving model's chat template, in place of
 	// Prompt, from a node that does not serve the request's model: routing forwards it to
 	// one that does, which formats it. Engines take Prompt only.
@@ -206,7 +215,7 @@ func (r *Request) Validate() error {
 	finite := func(x float32) bool { return !math.IsNaN(float64(x)) && !math.IsInf(float64(x), 0) }
 	s := r.Sampling
 	switch {
-	case r.Prompt == "" && len(r.Messages) == 0:
+	case r.Prompt == "" && len(r.Messages) == 0 && len(r.Tokens) == 0:
 		return bad("prompt", "must not be empty")
 	case r.MaxTokens < 0:
 		return bad("max_tokens", "must not be negative, got %d", r.MaxTokens)
@@ -232,8 +241,10 @@ func (r *Request) Validate() error {
 		return bad("stop", "at most %d stop strings, got %d", maxStops, len(r.Stop))
 	case r.TopLogprobs < 0 || r.TopLogprobs > MaxTopLogprobs:
 		return bad("top_logprobs", "must be in [0, %d], got %d", MaxTopLogprobs, r.TopLogprobs)
-	case r.TopLogprobs > 0 && !r.Logprobs:
+	case r.TopLogprobs > 0 && !r.Logprobs && !r.PromptLogprobs:
 		return bad("top_logprobs", "needs logprobs: true")
+	case r.PrefillOnly && r.Logprobs:
+		return bad("logprobs", "a prefill-only request generates no token to score")
 	}
 	for _, stop := range r.Stop {
 		if stop == "" || len(stop) > maxStopLength {
@@ -258,6 +269,9 @@ type Result struct {
 	Queued, FirstToken, Total time.Duration
 	// Logprobs are the generated tokens' log probabilities, when the request asked.
 	Logprobs []TokenLogprob
+	// PromptLogprobs are the prompt's tokens, when the request asked (PromptLogprobs): the
+	// first with Logprob 0 (nothing precedes it), then each with its log probability.
+	PromptLogprobs []TokenLogprob
 	// Err is why the request failed, or nil.
 	Err error
 }
