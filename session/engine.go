@@ -92,6 +92,7 @@ type job struct {
 	first    time.Time
 	gen      int
 	logprobs []infer.TokenLogprob // when the request asked for them
+	out      int                  // bytes of the generated tokens' pieces so far
 	scored   []int                // batch indexes of this step's prompt tokens whose logits score the next (PromptLogprobs)
 	prompted []infer.TokenLogprob // the prompt's tokens scored so far (PromptLogprobs)
 }
@@ -249,6 +250,10 @@ func (e *Engine) Submit(ctx context.Context, req infer.Request) (*Stream, error)
 	if err != nil {
 		return nil, err
 	}
+	if err := e.inVocab("continue", req.Continue); err != nil {
+		return nil, err
+	}
+	prompt = append(prompt, req.Continue...)
 	if limit := e.MaxPromptTokens(); len(prompt) > limit {
 		return nil, &infer.PromptTooLongError{Tokens: len(prompt), Limit: limit}
 	}
@@ -289,13 +294,21 @@ func (e *Engine) promptTokens(req infer.Request) ([]int32, error) {
 		}
 		return prompt, nil
 	}
-	vocab := int32(e.b.NumVocab())
-	for i, t := range req.Tokens {
-		if t < 0 || t >= vocab {
-			return nil, &infer.InvalidError{Param: "prompt", Reason: fmt.Sprintf("token %d (at %d) is not in the vocabulary of %d", t, i, vocab)}
-		}
+	if err := e.inVocab("prompt", req.Tokens); err != nil {
+		return nil, err
 	}
 	return slices.Clone(req.Tokens), nil
+}
+
+// inVocab refuses token ids outside the vocabulary (llama.cpp would read past its tables).
+func (e *Engine) inVocab(param string, tokens []int32) error {
+	vocab := int32(e.b.NumVocab())
+	for i, t := range tokens {
+		if t < 0 || t >= vocab {
+			return &infer.InvalidError{Param: param, Reason: fmt.Sprintf("token %d (at %d) is not in the vocabulary of %d", t, i, vocab)}
+		}
+	}
+	return nil
 }
 
 // compileSchema compiles req's schema to the grammar that enforces it and checks the text
@@ -316,6 +329,12 @@ func (e *Engine) compileSchema(req infer.Request) (string, []int32, error) {
 		return "", nil, &infer.InvalidError{Param: "response_format", Reason: err.Error()}
 	}
 	defer s.Free()
+	if len(req.Continue) > 0 { // the answer's own tokens
+		if err := s.Follow(req.Continue); err != nil {
+			return "", nil, &infer.InvalidError{Param: "continue", Reason: err.Error()}
+		}
+		return grammar, req.Continue, nil
+	}
 	if req.Answered == "" {
 		return grammar, nil, nil
 	}

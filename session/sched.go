@@ -549,8 +549,10 @@ func (e *Engine) emit(j *job, tok int32, stats *infer.Stats) {
 	if j.req.Logprobs {
 		j.logprobs = append(j.logprobs, e.logprob(j.logits, tok, j.req.TopLogprobs))
 	}
-	text, stopped := j.filter.push(e.b.Piece(tok))
-	j.stream.push(text)
+	piece := e.b.Piece(tok)
+	text, stopped := j.filter.push(piece)
+	j.out += len(piece)
+	j.stream.push(text, tok, j.out, j.filter.pending())
 	switch {
 	case stopped:
 		e.finish(j, "stop", nil)

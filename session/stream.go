@@ -2,6 +2,7 @@ package session
 
 import (
 	"io"
+	"slices"
 	"strings"
 	"sync"
 
@@ -23,6 +24,15 @@ type Stream struct {
 	source  infer.Origin  // how the cached tokens came here
 	tokens  int           // generated so far
 	notify  chan struct{} // capacity 1: "something changed"
+
+	// The generated tokens, the byte offset where each one's piece ends, and how far the
+	// text the reader has received reaches into the pieces (see Continuation).
+	ids     []int32
+	ends    []int
+	queued  int  // bytes of pieces behind the text pushed so far
+	read    int  // bytes of pieces behind the text Recv returned
+	inexact bool // some text differs from the pieces' bytes (invalid UTF-8 replaced)
+	out     int  // bytes of text pushed
 }
 
 func newStream() *Stream { return &Stream{notify: make(chan struct{}, 1)} }
@@ -37,6 +47,7 @@ func (s *Stream) Recv() (string, error) {
 		if s.pending.Len() > 0 {
 			text := s.pending.String()
 			s.pending.Reset()
+			s.read = s.queued
 			s.mu.Unlock()
 			return text, nil
 		}
@@ -98,10 +109,17 @@ func (s *Stream) Tokens() int {
 
 // push adds one generated token's text (possibly empty) for the reader. Called by the
 // engine only.
-func (s *Stream) push(text string) {
+// push adds a generated token, tok, and the text now safe to send: end is where its
+// piece ends among the pieces so far, held how many bytes of them the text filter holds
+// back. Called by the engine only.
+func (s *Stream) push(text string, tok int32, end, held int) {
 	s.mu.Lock()
 	s.tokens++
 	s.pending.WriteString(text)
+	s.ids, s.ends = append(s.ids, tok), append(s.ends, end)
+	s.out += len(text)
+	s.queued = end - held
+	s.inexact = s.inexact || s.out != s.queued
 	s.mu.Unlock()
 	if text != "" {
 		s.wake()
@@ -119,8 +137,28 @@ func (s *Stream) admit(promptTokens, cachedTokens int, source infer.Origin) {
 func (s *Stream) pushText(text string) {
 	s.mu.Lock()
 	s.pending.WriteString(text)
+	s.out += len(text)
+	if n := len(s.ends); n > 0 {
+		s.queued = s.ends[n-1]
+	}
+	s.inexact = s.inexact || s.out != s.queued
 	s.mu.Unlock()
 	s.wake()
+}
+
+// Continuation is the generated tokens whose pieces the text Recv has returned spells
+// exactly, and how many bytes of that text lie past them (a token's piece partly sent);
+// ok is false once some text did not spell the pieces' bytes (invalid UTF-8 replaced).
+// A stream resumed elsewhere continues from these tokens rather than from its text.
+func (s *Stream) Continuation() (ids []int32, tail int, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n, _ := slices.BinarySearch(s.ends, s.read+1) // the tokens ending at or before read
+	covered := 0
+	if n > 0 {
+		covered = s.ends[n-1]
+	}
+	return slices.Clone(s.ids[:n]), s.read - covered, !s.inexact
 }
 
 // finish ends the stream. Called by the engine only, once.

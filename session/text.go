@@ -39,6 +39,9 @@ func (f *textFilter) push(piece []byte) (text string, stopped bool) {
 	return text, false
 }
 
+// pending is how many bytes of the pieces pushed it holds back.
+func (f *textFilter) pending() int { return len(f.held) }
+
 // flush returns what is still held, at the end of generation (stop strings can no
 // longer complete; an incomplete character is replaced by U+FFFD).
 func (f *textFilter) flush() string {

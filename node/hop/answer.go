@@ -20,8 +20,16 @@ type Answer struct {
 	held      *piece
 }
 
+// continuer is a stream that knows the tokens its text spells (session.Stream).
+type continuer interface {
+	Continuation() (ids []int32, tail int, ok bool)
+}
+
 type piece struct {
 	text   string
+	ids    []int32 // the tokens the text so far spells
+	tail   int
+	exact  bool
 	err    error
 	tokens int // generated with text: read at once, as the reader goes on to the next piece
 }
@@ -33,8 +41,12 @@ func NewAnswer(st infer.Stream, formatted string) *Answer {
 	go func() {
 		for {
 			text, err := st.Recv()
+			p := piece{text: text, err: err, tokens: st.Tokens()}
+			if c, ok := st.(continuer); ok {
+				p.ids, p.tail, p.exact = c.Continuation()
+			}
 			select {
-			case a.pieces <- piece{text, err, st.Tokens()}:
+			case a.pieces <- p:
 			case <-a.quit:
 				return
 			}
@@ -84,6 +96,7 @@ func (a *Answer) Write(write func(line []byte) error, keepAlive time.Duration, t
 	tick := time.NewTicker(keepAlive)
 	defer tick.Stop()
 	first := true
+	sent := 0 // tokens of the answer's continuation sent so far
 	for {
 		var p piece
 		if a.held != nil {
@@ -102,7 +115,8 @@ func (a *Answer) Write(write func(line []byte) error, keepAlive time.Duration, t
 			}
 		}
 		if p.text != "" {
-			ev := Event{Text: p.text, Tokens: p.tokens}
+			ev := Event{Text: p.text, Tokens: p.tokens, IDs: p.ids[min(sent, len(p.ids)):], Tail: p.tail, Inexact: !p.exact}
+			sent = len(p.ids)
 			if first {
 				ev.Prompt, ev.Cached, _ = a.st.Admitted()
 				ev.Formatted, first = a.formatted, false

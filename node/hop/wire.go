@@ -48,8 +48,9 @@ const (
 	// 1.6: a request's JSON schema (a response format) and, on a resumed leg, the text its
 	// answer had (answered): an owner of 1.5 or earlier would ignore the schema.
 	// 1.7: stored responses (StoredPath); a node sends them only to peers of 1.7 or later.
-	// A prompt as token ids, its logprobs, prefill only (a request with any goes only to
-	// owners of 1.7: an older one would ignore them).
+	// A prompt as token ids, its logprobs, prefill only, an answer's tokens to continue
+	// from (a request with any goes only to owners of 1.7: an older one would ignore
+	// them); text events carry the tokens the text spells (Event.IDs).
 	Minor = 7
 
 	// MinorStored is the least minor version that keeps stored responses.
@@ -94,7 +95,7 @@ var Versions = []int{Major}
 // that changes what the owner must do needs an owner that knows it (an older one would
 // ignore it), while fields that only add information do not.
 func MinorFor(r infer.Request) int {
-	if len(r.Tokens) > 0 || r.PromptLogprobs || r.PrefillOnly {
+	if len(r.Tokens) > 0 || r.PromptLogprobs || r.PrefillOnly || len(r.Continue) > 0 {
 		return 7
 	}
 	if r.Schema != "" {
@@ -132,6 +133,7 @@ type Request struct {
 	Tokens           []int32   `json:"tokens,omitempty"`          // since 1.7
 	PromptLogprobs   bool      `json:"prompt_logprobs,omitempty"` // since 1.7
 	PrefillOnly      bool      `json:"prefill_only,omitempty"`    // since 1.7
+	Continue         []int32   `json:"continue,omitempty"`        // since 1.7
 }
 
 // Message is one message of a chat on the wire.
@@ -151,7 +153,7 @@ func NewRequest(model string, r infer.Request) Request {
 		Temperature: s.Temperature, TopK: s.TopK, TopP: s.TopP, MinP: s.MinP, RepeatPenalty: s.RepeatPenalty,
 		PresencePenalty: s.PresencePenalty, FrequencyPenalty: s.FrequencyPenalty, RepeatLastN: s.RepeatLastN, Seed: s.Seed,
 		Logprobs: r.Logprobs, TopLogprobs: r.TopLogprobs, Schema: r.Schema, Answered: r.Answered,
-		Tokens: r.Tokens, PromptLogprobs: r.PromptLogprobs, PrefillOnly: r.PrefillOnly}
+		Tokens: r.Tokens, PromptLogprobs: r.PromptLogprobs, PrefillOnly: r.PrefillOnly, Continue: r.Continue}
 }
 
 // Engine returns the request as the engine takes it.
@@ -162,7 +164,7 @@ func (r Request) Engine() infer.Request {
 	}
 	return infer.Request{SessionID: r.SessionID, Share: r.Share, FollowUp: r.FollowUp, Prompt: r.Prompt, Messages: msgs, MaxTokens: r.MaxTokens, Stop: r.Stop,
 		Logprobs: r.Logprobs, TopLogprobs: r.TopLogprobs, Schema: r.Schema, Answered: r.Answered,
-		Tokens: r.Tokens, PromptLogprobs: r.PromptLogprobs, PrefillOnly: r.PrefillOnly, Sampling: infer.Sampling{Temperature: r.Temperature, TopK: r.TopK, TopP: r.TopP, MinP: r.MinP,
+		Tokens: r.Tokens, PromptLogprobs: r.PromptLogprobs, PrefillOnly: r.PrefillOnly, Continue: r.Continue, Sampling: infer.Sampling{Temperature: r.Temperature, TopK: r.TopK, TopP: r.TopP, MinP: r.MinP,
 			RepeatPenalty: r.RepeatPenalty, PresencePenalty: r.PresencePenalty, FrequencyPenalty: r.FrequencyPenalty,
 			RepeatLastN: r.RepeatLastN, Seed: r.Seed}}
 }
@@ -179,8 +181,15 @@ type Event struct {
 	// Formatted is the prompt the owner formatted from a request's messages, on the first
 	// text event (since 1.3), so the entry node can resume the answer elsewhere.
 	Formatted string `json:"f,omitempty"`
-	Done      *Done  `json:"done,omitempty"`
-	Error     *Error `json:"error,omitempty"`
+	// Since 1.7, on text events: the tokens whose pieces the text so far now spells
+	// exactly (those since the last event), and how many bytes of the text lie past them;
+	// Inexact once some text did not spell its pieces. The entry node resumes the answer
+	// elsewhere from these tokens (Request.Continue), not from its text.
+	IDs     []int32 `json:"i,omitempty"`
+	Tail    int     `json:"r,omitempty"`
+	Inexact bool    `json:"x,omitempty"`
+	Done    *Done   `json:"done,omitempty"`
+	Error   *Error  `json:"error,omitempty"`
 }
 
 // Done ends a successful answer.

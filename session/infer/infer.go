@@ -24,6 +24,11 @@ type Request struct {
 	// beginning-of-sequence token is added) in place of Prompt, which then only names it
 	// (for routing and logs).
 	Tokens []int32
+	// Continue, if set, are tokens that follow the prompt's (an answer's tokens so far, when
+	// it resumes on another node): the engine appends them to the tokenized prompt as they
+	// are, and a schema's grammar follows them, so the answer goes on exactly as it would
+	// have (text tokenized afresh may split differently).
+	Continue []int32
 	// PromptLogprobs asks for the log probability of every prompt token after the first
 	// (and TopLogprobs alternatives) in Result.PromptLogprobs, as evaluation harnesses
 	// score a text: the prompt is computed whole, its cached KV not reused. PrefillOnly
