@@ -1,6 +1,7 @@
 package session
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -98,6 +99,48 @@ func TestConfigValidate(t *testing.T) {
 	for _, want := range []string{"model path", "sequences", "KV cells", "threads", "KV type", "default max tokens", "queue timeout"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Validate(zero config) = %v, want it to mention %q", err, want)
+		}
+	}
+}
+
+// TestContinuation: a stream says which tokens the text its reader has received spells:
+// all of them while the filter holds nothing back; not one whose piece is partly held (a
+// stop string's beginning, an incomplete character); and none exactly once some text did
+// not spell its piece (an invalid byte replaced).
+func TestContinuation(t *testing.T) {
+	type tok struct {
+		id    int32
+		piece string
+	}
+	run := func(stops []string, toks []tok) (ids []int32, tail int, ok bool, text string) {
+		f, st, out := newTextFilter(stops), newStream(), 0
+		for _, tk := range toks {
+			s, _ := f.push([]byte(tk.piece))
+			out += len(tk.piece)
+			st.push(s, tk.id, out, f.pending())
+		}
+		text, _ = st.Recv()
+		ids, tail, ok = st.Continuation()
+		return ids, tail, ok, text
+	}
+	for _, tc := range []struct {
+		name  string
+		stops []string
+		toks  []tok
+		ids   []int32
+		tail  int
+		ok    bool
+	}{
+		{"plain", nil, []tok{{5, "ab"}, {6, "c"}}, []int32{5, 6}, 0, true},
+		{"a stop string's beginning held", []string{"cX"}, []tok{{5, "ab"}, {6, "c"}}, []int32{5}, 0, true},
+		{"a piece partly held", []string{"bcX"}, []tok{{5, "ab"}, {6, "c"}}, nil, 1, true},
+		{"an incomplete character", nil, []tok{{5, "a\xe2\x82"}, {6, "\xac"}}, []int32{5, 6}, 0, true},
+		{"an incomplete character held", nil, []tok{{5, "a"}, {6, "\xe2\x82"}}, []int32{5}, 0, true},
+		{"an invalid byte", nil, []tok{{5, "a\xff"}, {6, "b"}}, []int32{5, 6}, 0, false},
+	} {
+		ids, tail, ok, text := run(tc.stops, tc.toks)
+		if !slices.Equal(ids, tc.ids) || tail != tc.tail || ok != tc.ok {
+			t.Errorf("%s: text %q: tokens %v, tail %d, exact %v; want %v, %d, %v", tc.name, text, ids, tail, ok, tc.ids, tc.tail, tc.ok)
 		}
 	}
 }
