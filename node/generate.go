@@ -156,6 +156,10 @@ func (s *Server) parseCompletion(ctx *fasthttp.RequestCtx, chat bool) (*completi
 			return nil, err
 		}
 		one.req.Tokens = p.Tokens
+		if len(p.Tokens) > 0 && one.foreign && c.echo && !one.req.PromptLogprobs {
+			// Echoed, they would be read with this node's vocabulary, not the model's.
+			return nil, badRequest("echo", "echo of token ids for a model this node does not serve needs logprobs (the owner spells them)")
+		}
 		if i == 0 {
 			*c = one
 		}

@@ -2,6 +2,7 @@ package node
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -304,16 +305,24 @@ func (s *Server) parseResponses(ctx *fasthttp.RequestCtx) (*completion, error) {
 		}
 		key, turn.history = k, body.History
 	}
+	known := map[string]turnItem{} // the items of the records fetched so far: one fetch serves many references
 	for i, it := range input {
 		if it.Type != "item_reference" {
 			continue
 		}
-		k, item, err := s.resolveItem(ctx, it.ID, turn.principal)
-		if err != nil {
-			return nil, &hop.Error{Status: fasthttp.StatusNotFound, Type: "invalid_request_error", Param: fmt.Sprintf("input[%d].id", i),
-				Code: "item_not_found", Message: fmt.Sprintf("item %q not found: %v", it.ID, err)}
+		item, ok := known[it.ID]
+		if !ok {
+			k, history, err := s.resolveItem(ctx, it.ID, turn.principal)
+			if err != nil {
+				return nil, &hop.Error{Status: fasthttp.StatusNotFound, Type: "invalid_request_error", Param: fmt.Sprintf("input[%d].id", i),
+					Code: "item_not_found", Message: fmt.Sprintf("item %q not found: %v", it.ID, err)}
+			}
+			key = cmp.Or(key, k)
+			for _, h := range history {
+				known[h.ID] = h
+			}
+			item = known[it.ID]
 		}
-		key = cmp0(key, k)
 		input[i] = item
 	}
 	turn.inputs = len(input)
@@ -392,14 +401,6 @@ func historyBytes(items []turnItem) int {
 	return n
 }
 
-// cmp0 is a unless it is empty, else b.
-func cmp0(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
-}
-
 // responsesParam names a chat field as the Responses API does.
 func responsesParam(p string) string {
 	switch {
@@ -434,22 +435,21 @@ func (s *Server) fetchStored(ctx *fasthttp.RequestCtx, id, prefix, principal str
 	return key, rec, nil
 }
 
-// resolveItem is the item an item_reference names.
-func (s *Server) resolveItem(ctx *fasthttp.RequestCtx, id, principal string) (string, turnItem, error) {
+// resolveItem finds the item an item_reference names: its conversation's key and the
+// stored conversation that holds it.
+func (s *Server) resolveItem(ctx *fasthttp.RequestCtx, id, principal string) (string, []turnItem, error) {
 	key, rec, err := s.fetchStored(ctx, id, "", principal)
 	if err != nil {
-		return "", turnItem{}, err
+		return "", nil, err
 	}
 	var body storedBody
 	if err := json.Unmarshal(rec.Body, &body); err != nil {
-		return "", turnItem{}, err
+		return "", nil, err
 	}
-	for _, it := range body.History {
-		if it.ID == id {
-			return key, it, nil
-		}
+	if !slices.ContainsFunc(body.History, func(it turnItem) bool { return it.ID == id }) {
+		return "", nil, stored.ErrNotFound
 	}
-	return "", turnItem{}, stored.ErrNotFound
+	return key, body.History, nil
 }
 
 // handleResponse serves GET and DELETE /v1/responses/{id}.
@@ -762,7 +762,7 @@ func (s *Server) streamResponse(sse *sseWriter, st infer.Stream, c *completion, 
 		e := toAPIError(res.Err)
 		s.log.Warn("stream failed", "id", c.id, "err", res.Err)
 		code, _ := e.Code.(string)
-		return fail(cmp0(code, "server_error"), e.Message)
+		return fail(cmp.Or(code, "server_error"), e.Message)
 	}
 	ended()
 	_, hops, _ := s.cluster.Route(st)

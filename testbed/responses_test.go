@@ -69,7 +69,7 @@ func getStatus(t *testing.T, url, id string) int {
 // conversation's owner and is warm there; after the owner is killed between turns, the
 // next turn still finds its history (the stored response's copy on the owner's heir) and
 // its KV (the replica); after the next owner leaves, the last node still has both (the
-// hand-off). Each answer equals a plain chat completion of the same conversation, sent
+// hand-off), and its structured answer (text.format) matches its schema. Each answer equals a plain chat completion of the same conversation, sent
 // cold: the history a chain rebuilds is the one the client would have sent.
 func TestResponsesChain(t *testing.T) {
 	model := testenv.SharedModel(t, "stories260K.gguf")
@@ -79,8 +79,16 @@ func TestResponsesChain(t *testing.T) {
 	}
 	inputs := []string{"Tim had a red ball.", "Where did he go?", "What did he find?", "How did it end?"}
 	var history []message
+	// The last turn's answer is structured: a follow-up after a hand-off still matches.
+	const schema = `{"type":"object","properties":{"ending":{"type":"string","maxLength":40}},"required":["ending"],"additionalProperties":false}`
 	turn := func(i int, entry *Node, prev string) respTurn {
 		req := map[string]any{"input": inputs[i], "max_output_tokens": 24, "temperature": 0}
+		chat := map[string]any{"max_tokens": 24, "temperature": 0, "session_id": fmt.Sprint("reference-", i)}
+		if i == len(inputs)-1 {
+			req["max_output_tokens"], chat["max_tokens"] = 80, 80
+			req["text"] = map[string]any{"format": map[string]any{"type": "json_schema", "name": "ending", "strict": true, "schema": json.RawMessage(schema)}}
+			chat["response_format"] = map[string]any{"type": "json_schema", "json_schema": map[string]any{"name": "ending", "strict": true, "schema": json.RawMessage(schema)}}
+		}
 		if prev != "" {
 			req["previous_response_id"] = prev
 		}
@@ -91,8 +99,8 @@ func TestResponsesChain(t *testing.T) {
 		history = append(history, message{"user", inputs[i]})
 		// The same conversation as a chat, under its own session: cold, and greedy, so
 		// it must say the same.
-		want := chatWith(t, entry.URL(), map[string]any{"messages": history, "max_tokens": 24, "temperature": 0,
-			"session_id": fmt.Sprint("reference-", i)})
+		chat["messages"] = history
+		want := chatWith(t, entry.URL(), chat)
 		if r.text != want.text {
 			t.Errorf("turn %d: the chain answered %q, the same conversation as a chat %q", i+1, r.text, want.text)
 		}
@@ -154,4 +162,5 @@ func TestResponsesChain(t *testing.T) {
 	if fourth.node != last.ID || fourth.cached == 0 {
 		t.Errorf("turn 4 after the next owner left: served by %s with %d tokens cached, want %s, warm", fourth.node, fourth.cached, last.ID)
 	}
+	testenv.ValidJSON(t, schema, fourth.text)
 }
