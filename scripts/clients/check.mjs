@@ -1,10 +1,12 @@
 // Client libraries no one here wrote, unchanged, against an infernode cluster: the
-// Vercel AI SDK's default OpenAI provider (the Responses API), the official OpenAI SDK's
+// Vercel AI SDK's default OpenAI provider (the Responses API) and its Open Responses
+// provider (the open specification of that API), the official OpenAI SDK's
 // responses.create with previous_response_id, and LangChain's withStructuredOutput and
 // bindTools (chat completions). Usage: node check.mjs URL [URL...] (a node's base URL
 // each; requests rotate over them). Exits non-zero on the first failed check.
 import assert from "node:assert/strict";
 import { createOpenAI } from "@ai-sdk/openai";
+import { createOpenResponses } from "@ai-sdk/open-responses";
 import { generateText, streamText, generateObject, tool, stepCountIs } from "ai";
 import OpenAI from "openai";
 import { ChatOpenAI } from "@langchain/openai";
@@ -78,11 +80,14 @@ await check("ai-sdk tool calls over several steps (responses)", async () => {
 
 await check("ai-sdk multi-turn with stored items (item_reference)", async () => {
   const first = await generateText({ model: vercel(), prompt: "Lily saw a cat.", maxOutputTokens: 12, temperature: 0 });
+  const bodies = []; // what the SDK sends: the earlier answer as a reference, not as text
+  const recording = createOpenAI({ baseURL: next(), apiKey, fetch: (url, init) => (bodies.push(init.body), fetch(url, init)) })(model);
   const second = await generateText({
-    model: vercel(), maxOutputTokens: 12, temperature: 0,
+    model: recording, maxOutputTokens: 12, temperature: 0,
     messages: [{ role: "user", content: "Lily saw a cat." }, ...first.response.messages, { role: "user", content: "What did she do?" }],
   });
   assert.ok(second.text.length > 0);
+  assert.ok(bodies.some((b) => String(b).includes('"item_reference"')), "the SDK sent no item_reference");
 });
 
 await check("openai responses.create with previous_response_id, across nodes", async () => {
@@ -122,6 +127,25 @@ await check("openai responses.create streaming", async () => {
   assert.equal(types[0], "response.created");
   assert.ok(["response.completed", "response.incomplete"].includes(types.at(-1)), types.at(-1));
   assert.ok(text.length > 0);
+});
+
+// The Open Responses provider validates every answer and event against the open
+// specification's schemas.
+const openResponses = () => createOpenResponses({ name: "infernode", url: next() + "/responses", apiKey })(model);
+
+await check("open-responses generateText, streamText, tool call", async () => {
+  const r = await generateText({ model: openResponses(), prompt: "Once upon a time", maxOutputTokens: 16, temperature: 0 });
+  assert.ok(r.text.length > 0, "empty text");
+  const s = streamText({ model: openResponses(), prompt: "Tom had a dog.", maxOutputTokens: 16, temperature: 0 });
+  let text = "";
+  for await (const piece of s.textStream) text += piece;
+  assert.ok(text.length > 0, "empty stream");
+  const c = await generateText({
+    // Named, so one call (this provider has no parallel_tool_calls option).
+    model: openResponses(), tools: { weather }, toolChoice: { type: "tool", toolName: "weather" }, maxOutputTokens: 100,
+    temperature: 0, prompt: "What is the weather in Paris?",
+  });
+  assert.ok(c.toolCalls.length >= 1 && c.toolCalls[0].toolName === "weather", "no tool call");
 });
 
 const chat = () => new ChatOpenAI({ model, apiKey, configuration: { baseURL: next() }, temperature: 0, maxTokens: 120 });
