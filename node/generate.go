@@ -510,36 +510,15 @@ func (s *Server) stream(sse *sseWriter, st infer.Stream, c *completion, first st
 			return err
 		}
 	}
-	piece, err := first, firstErr
-	last := time.Now()
-	resumes := 0
 	var held strings.Builder // with tools: the answer, sent in OpenAI's shape once whole
-	for {
-		// A resume is marked with an SSE comment, which OpenAI clients ignore, so test
-		// harnesses can tell a resumed answer from an uninterrupted one.
-		if _, _, n := s.cluster.Route(st); n > resumes {
-			resumes = n
-			if err := sse.comment("infernode-resumed " + strconv.Itoa(resumes)); err != nil {
-				return err
-			}
-		}
-		switch {
-		case piece == "":
-		case c.tools != nil:
+	if err := s.relay(sse, st, first, firstErr, func(piece string) error {
+		if c.tools != nil {
 			held.WriteString(piece)
-		default:
-			if err := sse.event(c.chunk(piece, false, nil)); err != nil {
-				return err
-			}
+			return nil
 		}
-		if err != nil {
-			break
-		}
-		piece, err = st.Recv()
-		if piece != "" {
-			s.metrics.itl.Observe(time.Since(last).Seconds())
-			last = time.Now()
-		}
+		return sse.event(c.chunk(piece, false, nil))
+	}); err != nil {
+		return err
 	}
 	res := st.Result()
 	if res.Err != nil {
@@ -571,6 +550,37 @@ func (s *Server) stream(sse *sseWriter, st infer.Stream, c *completion, first st
 		}
 	}
 	return sse.data([]byte("[DONE]"))
+}
+
+// relay hands send every piece of st's answer, first (with firstErr) the first, until its
+// end, marking each resume on another owner with an SSE comment (which OpenAI clients
+// ignore, so test harnesses can tell a resumed answer from an uninterrupted one) and
+// observing the gaps between pieces. It returns the first error writing.
+func (s *Server) relay(sse *sseWriter, st infer.Stream, first string, firstErr error, send func(piece string) error) error {
+	piece, err := first, firstErr
+	last := time.Now()
+	resumes := 0
+	for {
+		if _, _, n := s.cluster.Route(st); n > resumes {
+			resumes = n
+			if err := sse.comment("infernode-resumed " + strconv.Itoa(resumes)); err != nil {
+				return err
+			}
+		}
+		if piece != "" {
+			if err := send(piece); err != nil {
+				return err
+			}
+		}
+		if err != nil {
+			return nil
+		}
+		piece, err = st.Recv()
+		if piece != "" {
+			s.metrics.itl.Observe(time.Since(last).Seconds())
+			last = time.Now()
+		}
+	}
 }
 
 func (s *Server) setGenerationHeaders(ctx *fasthttp.RequestCtx, st infer.Stream) {

@@ -725,32 +725,14 @@ func (s *Server) streamResponse(sse *sseWriter, st infer.Stream, c *completion, 
 		}
 	}
 	var text strings.Builder
-	piece, err := first, firstErr
-	last := time.Now()
-	resumes := 0
-	for {
-		if _, _, n := s.cluster.Route(st); n > resumes {
-			resumes = n
-			if err := sse.comment("infernode-resumed " + fmt.Sprint(resumes)); err != nil {
-				return err
-			}
+	if err := s.relay(sse, st, first, firstErr, func(piece string) error {
+		text.WriteString(piece)
+		if c.tools != nil {
+			return nil // the answer's items go once it is whole
 		}
-		if piece != "" {
-			text.WriteString(piece)
-			if c.tools == nil {
-				if err := delta(0, msgID, piece); err != nil {
-					return err
-				}
-			}
-		}
-		if err != nil {
-			break
-		}
-		piece, err = st.Recv()
-		if piece != "" {
-			s.metrics.itl.Observe(time.Since(last).Seconds())
-			last = time.Now()
-		}
+		return delta(0, msgID, piece)
+	}); err != nil {
+		return err
 	}
 	res := st.Result()
 	fail := func(code, message string) error {

@@ -56,29 +56,6 @@ func (m *Mover) HandOff(ctx context.Context, leaving bool) (moved, failed int) {
 	return moved, failed
 }
 
-// FollowRing hands conversations this node no longer owns to their new owners whenever
-// its ring changes (a signal on changes: a join, a return), once the ring has been quiet
-// for Config.Settle. It returns when ctx ends.
-func (m *Mover) FollowRing(ctx context.Context, changes <-chan struct{}) {
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-changes:
-		}
-		for quiet := false; !quiet; {
-			select {
-			case <-ctx.Done():
-				return
-			case <-changes:
-			case <-time.After(m.cfg.Settle):
-				quiet = true
-			}
-		}
-		m.HandOff(ctx, false)
-	}
-}
-
 // KeepWarm keeps a conversation's KV, after a turn served here, on the node that would
 // serve its next turn if this one were gone: while this node drains, its owner once this
 // node has left; otherwise (with replicas on) the node that takes over if this one dies,

@@ -16,7 +16,7 @@ import (
 
 // Pulling on a miss: a node that joins (or comes back after a crash) owns conversations
 // others served until then. They push them once their rings have been quiet for a moment
-// (FollowRing), and a busy conversation's next turn often comes sooner (the chaos suite
+// (routing hands them on as its ring changes), and a busy conversation's next turn often comes sooner (the chaos suite
 // saw 0 of 2 such turns warm). So for a while after it joined, the first turn of a
 // conversation a node serves asks the node that would own it without this one, which
 // served it until then, for its KV.

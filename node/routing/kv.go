@@ -41,6 +41,31 @@ func (r *Router) ServeLocal(ctx context.Context, req infer.Request) (infer.Strea
 	return r.local.Submit(ctx, req)
 }
 
+// followRing hands what this node no longer owns to the new owners whenever its ring
+// changes (a join, a return), once the ring has been quiet for the KV settle time (a
+// join comes with a short burst of changes): the conversations' stored responses, then
+// their KV. It returns when ctx ends.
+func (r *Router) followRing(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.v.ringCh:
+		}
+		for quiet := false; !quiet; {
+			select {
+			case <-ctx.Done():
+				return
+			case <-r.v.ringCh:
+			case <-time.After(r.cfg.KV.Settle):
+				quiet = true
+			}
+		}
+		r.stored.HandOff(ctx, false)
+		r.kv.HandOff(ctx, false)
+	}
+}
+
 // kvRing is the router's view as kvmove sees it.
 type kvRing struct{ r *Router }
 

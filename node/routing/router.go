@@ -156,8 +156,7 @@ const syncDelay = 50 * time.Millisecond
 
 // Run follows membership, checks peers and gossips this node's state until ctx ends.
 func (r *Router) Run(ctx context.Context) error {
-	go r.kv.FollowRing(ctx, r.v.ringCh)
-	go r.stored.FollowRing(ctx, r.v.storedCh, r.cfg.KV.Settle)
+	go r.followRing(ctx)
 	probe := time.NewTicker(r.cfg.ProbeInterval)
 	defer probe.Stop()
 	var burst <-chan time.Time // set while a burst of membership changes gathers

@@ -55,7 +55,6 @@ type view struct {
 	settled              atomic.Bool            // it has been ready
 	joined               time.Time              // when this node's ring first held another member (see kvmove's pulls)
 	ringCh               chan struct{}          // signaled (coalesced) when the ring changes
-	storedCh             chan struct{}          // the same, for stored responses
 	events               *happenings
 	rate                 decodeRate // tokens a second this node generates, as gossiped
 }
@@ -96,7 +95,6 @@ func newView(cfg Config, log *slog.Logger, g Membership, local Engine, client *h
 		degraded: map[string]bool{},
 		speed:    newSpeeds(cfg.Gray, clock, log),
 		ringCh:   make(chan struct{}, 1),
-		storedCh: make(chan struct{}, 1),
 		started:  clock.Now(),
 		events:   &happenings{now: clock.Now},
 		// Each node starts its turns at its own place (see probeTargets).
@@ -297,11 +295,9 @@ func (v *view) ringChanged() {
 		v.joined = v.clock.Now()
 	}
 	v.abandonDown()
-	for _, ch := range []chan struct{}{v.ringCh, v.storedCh} {
-		select {
-		case ch <- struct{}{}:
-		default:
-		}
+	select {
+	case v.ringCh <- struct{}{}:
+	default:
 	}
 }
 

@@ -310,28 +310,6 @@ func (k *Keeper) HandOff(ctx context.Context, leaving bool) (moved int) {
 	return moved
 }
 
-// FollowRing hands records to their new owners whenever the ring changes, once it has
-// been quiet for settle. It returns when ctx ends.
-func (k *Keeper) FollowRing(ctx context.Context, changes <-chan struct{}, settle time.Duration) {
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-changes:
-		}
-		for quiet := false; !quiet; {
-			select {
-			case <-ctx.Done():
-				return
-			case <-changes:
-			case <-time.After(settle):
-				quiet = true
-			}
-		}
-		k.HandOff(ctx, false)
-	}
-}
-
 // send makes o on p and returns its answer's body (a get's record).
 func (k *Keeper) send(ctx context.Context, p Peer, o op) ([]byte, error) {
 	outcome := "ok"
