@@ -56,17 +56,21 @@ func (s *Server) handleCompletion(ctx *fasthttp.RequestCtx, chat bool) {
 		writeError(ctx, err)
 		return
 	}
-	submit := s.cluster.Submit
-	if c.foreign {
-		submit = func(ctx context.Context, req infer.Request) (infer.Stream, error) {
-			return s.cluster.SubmitModel(ctx, c.model, req)
-		}
-	}
 	if len(c.batch) > 1 || c.n > 1 {
-		s.generateMany(ctx, c, submit)
+		s.generateMany(ctx, c, s.submitFor(c))
 		return
 	}
-	s.generate(ctx, c, submit)
+	s.generate(ctx, c, s.submitFor(c))
+}
+
+// submitFor is where c goes: its conversation's owner, on its model's ring.
+func (s *Server) submitFor(c *completion) submitFunc {
+	if !c.foreign {
+		return s.cluster.Submit
+	}
+	return func(ctx context.Context, req infer.Request) (infer.Stream, error) {
+		return s.cluster.SubmitModel(ctx, c.model, req)
+	}
 }
 
 // handleInternal serves a request forwarded by a peer: always here, never forwarded again

@@ -266,13 +266,7 @@ func (s *Server) handleResponses(ctx *fasthttp.RequestCtx) {
 		writeError(ctx, err)
 		return
 	}
-	submit := s.cluster.Submit
-	if c.foreign {
-		submit = func(ctx context.Context, req infer.Request) (infer.Stream, error) {
-			return s.cluster.SubmitModel(ctx, c.model, req)
-		}
-	}
-	s.generate(ctx, c, submit)
+	s.generate(ctx, c, s.submitFor(c))
 }
 
 func (s *Server) parseResponses(ctx *fasthttp.RequestCtx) (*completion, error) {
