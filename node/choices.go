@@ -33,6 +33,8 @@ const manyAtOnce = 8
 
 // generateMany answers c's prompts, n choices each, in one response.
 func (s *Server) generateMany(ctx *fasthttp.RequestCtx, c *completion, submit submitFunc) {
+	used := 0
+	defer func() { c.ticket.Settle(used) }()
 	if ok, _ := s.ready(); !ok {
 		writeError(ctx, errNotReady)
 		return
@@ -126,6 +128,9 @@ func (s *Server) generateMany(ctx *fasthttp.RequestCtx, c *completion, submit su
 	}
 	wg.Wait()
 	s.countCancel(reqCtx)
+	for _, r := range out {
+		used += r.res.PromptTokens + r.res.CompletionTokens
+	}
 
 	o := c.object(map[bool]string{true: "chat.completion", false: "text_completion"}[c.chat])
 	var total usage

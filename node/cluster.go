@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/infernode/infernode/node/hop"
+	"github.com/infernode/infernode/node/quota"
 	"github.com/infernode/infernode/node/routing"
 	"github.com/infernode/infernode/node/stored"
 	"github.com/infernode/infernode/session/infer"
@@ -36,6 +37,8 @@ type Cluster interface {
 	GiveKV(ctx context.Context, key, peer, nonce string, sign func(name, value string)) (infer.Frame, error)
 	// Stored keeps the Responses API's stored responses with their conversations.
 	Stored() *stored.Keeper
+	// Quota holds tenants to their rate limits, cluster-wide.
+	Quota() *quota.Quota
 	// Hop verifies what peers send; nil for a node that takes no hops.
 	Hop() *hop.Auth
 	// Peer reports whether ip is a cluster member's address (exempt from per-client
@@ -66,13 +69,14 @@ func Standalone(engine Engine, model string) Cluster {
 // StandaloneWith is Standalone with stored responses kept as st says.
 func StandaloneWith(engine Engine, model string, st stored.Config) (Cluster, error) {
 	k, err := stored.New(st, nil, nil, nil, time.Now)
-	return standalone{engine, model, k}, err
+	return standalone{engine, model, k, quota.New(nil, nil, nil, nil, time.Now, nil)}, err
 }
 
 type standalone struct {
 	engine Engine
 	model  string
 	stored *stored.Keeper
+	quota  *quota.Quota
 }
 
 func (s standalone) Submit(ctx context.Context, req infer.Request) (infer.Stream, error) {
@@ -102,6 +106,7 @@ func (standalone) GiveKV(context.Context, string, string, string, func(string, s
 	return nil, errStandalone
 }
 func (s standalone) Stored() *stored.Keeper { return s.stored }
+func (s standalone) Quota() *quota.Quota     { return s.quota }
 func (standalone) Hop() *hop.Auth           { return nil }
 func (standalone) Peer(netip.Addr) bool     { return false }
 func (standalone) KeepAlive() time.Duration { return 0 }
@@ -123,7 +128,9 @@ func (s standalone) Models() []routing.ModelInfo {
 
 func (standalone) Serves(string) bool                   { return false }
 func (standalone) View(int) routing.View                { return routing.View{} }
-func (s standalone) Collectors() []prometheus.Collector { return s.stored.Collectors() }
+func (s standalone) Collectors() []prometheus.Collector {
+	return append(s.stored.Collectors(), s.quota.Collectors()...)
+}
 func (standalone) Happenings() ([]routing.Happening, <-chan routing.Happening, func()) {
 	return nil, nil, func() {}
 }

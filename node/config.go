@@ -25,6 +25,12 @@ type Config struct {
 	// KeyFile, if set, holds further API keys, one "KEY TENANT" a line: each names its
 	// tenant. Server.ReloadKeys reads it again (cmd/infernode does on SIGHUP).
 	KeyFile string
+	// LimitsFile, if set, holds tenants' rate limits (see quota.Load), the same on every
+	// node; ReloadKeys reads it again.
+	LimitsFile string
+	// DefaultMaxTokens is what a request that sets no max_tokens is charged against its
+	// tenant's tokens a minute at admission (the engine's default). 0: MaxTokens.
+	DefaultMaxTokens int
 	// AdminKey, if set, is the operator's key: the only one /v1/cluster, /v1/events and
 	// /metrics accept. Without it they take the default tenant's key (APIKey), never a
 	// key file's.

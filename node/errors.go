@@ -10,6 +10,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/infernode/infernode/node/hop"
+	"github.com/infernode/infernode/node/quota"
 	"github.com/infernode/infernode/session/infer"
 )
 
@@ -66,6 +67,7 @@ func toAPIError(err error) *hop.Error {
 	var ae *hop.Error
 	var invalid *infer.InvalidError
 	var tooLong *infer.PromptTooLongError
+	var denied *quota.Denied
 	switch {
 	case errors.As(err, &ae): // ours, or a peer's as it came across the hop
 		return ae
@@ -99,6 +101,13 @@ func toAPIError(err error) *hop.Error {
 		return &hop.Error{Status: fasthttp.StatusBadRequest, Type: "invalid_request_error", Code: "kv_frame", Message: err.Error()}
 	case errors.Is(err, infer.ErrNotCached):
 		return &hop.Error{Status: fasthttp.StatusNotFound, Type: "invalid_request_error", Code: "not_cached", Message: err.Error()}
+	case errors.As(err, &denied):
+		kind := denied.Kind
+		if kind == "concurrent" {
+			kind = "requests"
+		}
+		return &hop.Error{Status: fasthttp.StatusTooManyRequests, Type: kind, Code: "rate_limit_exceeded", Message: denied.Error(),
+			RetryAfter: int(math.Ceil(denied.RetryAfter.Seconds()))}
 	case errors.Is(err, context.DeadlineExceeded):
 		return &hop.Error{Status: fasthttp.StatusGatewayTimeout, Type: "server_error", Code: "timeout",
 			Message: "request deadline exceeded"}

@@ -19,6 +19,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/infernode/infernode/node/hop"
+	"github.com/infernode/infernode/node/quota"
 	"github.com/infernode/infernode/session/infer"
 )
 
@@ -46,6 +47,7 @@ type completion struct {
 	echo         bool          // a text completion's answer begins with its prompt
 	n            int           // choices a prompt (see choices.go)
 	batch        []choiceOf    // a text completion's prompts (the first is req)
+	ticket       *quota.Ticket // its tenant's admission (see limits.go); settled as it ends
 	start        time.Time
 }
 
@@ -54,6 +56,9 @@ func (s *Server) handleCompletion(ctx *fasthttp.RequestCtx, chat bool) {
 	c, err := s.parseCompletion(ctx, chat)
 	if err != nil {
 		writeError(ctx, err)
+		return
+	}
+	if !s.admit(ctx, c) {
 		return
 	}
 	if len(c.batch) > 1 || c.n > 1 {
@@ -277,6 +282,7 @@ func (s *Server) check(req infer.Request) error {
 // when its client disconnects, falls behind, or the deadline passes.
 func (s *Server) generate(ctx *fasthttp.RequestCtx, c *completion, submit submitFunc) {
 	if ok, _ := s.ready(); !ok {
+		c.ticket.Settle(0)
 		writeError(ctx, errNotReady)
 		return
 	}
@@ -292,6 +298,7 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, c *completion, submit submit
 	case s.slots <- struct{}{}:
 	default:
 		s.end()
+		c.ticket.Settle(0)
 		s.log.Warn("request shed", "reason", "max streams", "limit", s.cfg.MaxStreams)
 		writeError(ctx, errTooManyStreams)
 		return
@@ -299,11 +306,18 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, c *completion, submit submit
 	reqCtx, cancelDeadline := context.WithTimeout(s.base, s.cfg.RequestTimeout)
 	reqCtx, cancel := context.WithCancelCause(reqCtx)
 	stopWatch := watchConn(ctx.Conn(), func() { cancel(errClientGone) })
+	var st infer.Stream
 	done := func() {
 		stopWatch()
 		cancel(nil)
 		cancelDeadline()
 		s.countCancel(reqCtx)
+		used := 0
+		if st != nil {
+			res := st.Result()
+			used = res.PromptTokens + res.CompletionTokens
+		}
+		c.ticket.Settle(used)
 		<-s.slots
 		s.end()
 	}

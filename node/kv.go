@@ -71,6 +71,22 @@ func (s *Server) handlePull(ctx *fasthttp.RequestCtx) {
 	})
 }
 
+// handleQuota serves a peer's lease of a rate-limit bucket kept here (see
+// quota.Quota.Serve).
+func (s *Server) handleQuota(ctx *fasthttp.RequestCtx) {
+	in := inbound(ctx)
+	if err := s.cluster.Hop().Authenticate(in); err != nil {
+		writeError(ctx, err)
+		return
+	}
+	status, body := s.cluster.Quota().Serve(in, ctx.Response.Header.Set)
+	ctx.SetStatusCode(status)
+	if body != nil {
+		ctx.SetContentType("application/json")
+		ctx.SetBody(body)
+	}
+}
+
 // handleStored serves a peer's stored-response hop (see stored.Keeper.Serve).
 func (s *Server) handleStored(ctx *fasthttp.RequestCtx) {
 	in := inbound(ctx)

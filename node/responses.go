@@ -266,7 +266,9 @@ func (s *Server) handleResponses(ctx *fasthttp.RequestCtx) {
 		writeError(ctx, err)
 		return
 	}
-	s.generate(ctx, c, s.submitFor(c))
+	if s.admit(ctx, c) {
+		s.generate(ctx, c, s.submitFor(c))
+	}
 }
 
 func (s *Server) parseResponses(ctx *fasthttp.RequestCtx) (*completion, error) {

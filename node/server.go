@@ -19,6 +19,7 @@ import (
 	"github.com/valyala/fasthttp/fasthttpadaptor"
 
 	"github.com/infernode/infernode/node/hop"
+	"github.com/infernode/infernode/node/quota"
 	"github.com/infernode/infernode/session/infer"
 )
 
@@ -106,6 +107,13 @@ func New(cfg Config, engine Engine, cluster Cluster) (*Server, error) {
 		}
 	}
 	s.keys.Store(&keys)
+	if cfg.LimitsFile != "" {
+		limits, err := quota.Load(cfg.LimitsFile)
+		if err != nil {
+			return nil, err
+		}
+		cluster.Quota().SetLimits(limits)
+	}
 	s.metrics.reg.MustRegister(cluster.Collectors()...)
 	s.base, s.cancelBase = context.WithCancel(context.Background())
 	s.promh = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}))
@@ -337,6 +345,7 @@ func (s *Server) routeTable() map[string]route {
 	routes[hop.ReplicaPath] = route{method: post, kv: true, serve: func(ctx *fasthttp.RequestCtx) { s.handleKV(ctx, true) }}
 	routes[hop.PullPath] = route{method: post, serve: s.handlePull}
 	routes[hop.StoredPath] = route{method: post, serve: s.handleStored}
+	routes[hop.QuotaPath] = route{method: post, serve: s.handleQuota}
 	return routes
 }
 

@@ -12,6 +12,8 @@ import (
 	"strings"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/infernode/infernode/node/quota"
 )
 
 // Tenants are who the operator says: an API key names its tenant (Config.KeyFile), and
@@ -68,7 +70,7 @@ func loadKeys(path string) (keyring, error) {
 // against the new keys. On an error the keys in force stay.
 func (s *Server) ReloadKeys() error {
 	if s.cfg.KeyFile == "" {
-		return nil
+		return s.reloadLimits()
 	}
 	keys, err := loadKeys(s.cfg.KeyFile)
 	if err != nil {
@@ -76,7 +78,29 @@ func (s *Server) ReloadKeys() error {
 	}
 	s.keys.Store(&keys)
 	s.log.Info("keys reloaded", "keys", len(keys))
+	return s.reloadLimits()
+}
+
+// reloadLimits reads the limits file again; on an error the limits in force stay.
+func (s *Server) reloadLimits() error {
+	if s.cfg.LimitsFile == "" {
+		return nil
+	}
+	limits, err := quota.Load(s.cfg.LimitsFile)
+	if err != nil {
+		return err
+	}
+	s.cluster.Quota().SetLimits(limits)
+	s.log.Info("limits reloaded", "lines", len(limits))
 	return nil
+}
+
+// name is the tenant's name in limits and metrics ("default" for the default tenant).
+func (t tenant) limitName() string {
+	if t.name == "" {
+		return "default"
+	}
+	return t.name
 }
 
 // bearer is the token a request presents, if any.

@@ -119,6 +119,7 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&nc.Addr, "addr", nc.Addr, "HTTP listen address (port 0 picks a free port; the log says which)")
 	fs.StringVar(&nc.APIKey, "api-key", "", "require 'Authorization: Bearer KEY' on /v1/*: the default tenant's key")
 	fs.StringVar(&nc.KeyFile, "key-file", "", "more API keys, one 'KEY TENANT' a line, each naming its tenant; reloaded on SIGHUP")
+	fs.StringVar(&nc.LimitsFile, "limits", "", "tenants' rate limits, one 'TENANT rpm=N tpm=N burst=S concurrent=N [model=M]' a line, held cluster-wide\n(the same file on every node); reloaded on SIGHUP")
 	fs.StringVar(&nc.AdminKey, "admin-key", "", "the operator's key: the only one /v1/cluster, /v1/events and /metrics take (default: --api-key's)")
 	fs.BoolVar(&nc.MetricsOpen, "metrics-open", nc.MetricsOpen, "serve /metrics without the API key (for scrapers that carry none)")
 	fs.IntVar(&ec.Cells, "ctx", ec.Cells, "KV cache size in tokens, over all sequences")
@@ -214,6 +215,7 @@ func parse(args []string, stderr io.Writer) (options, error) {
 		errs = append(errs, fmt.Errorf("--max-body: %w", err))
 	}
 	opts.node.MaxBodyBytes = n
+	opts.node.DefaultMaxTokens = opts.engine.DefaultMaxTokens // what a request without max_tokens is charged
 	if opts.engine.ModelPath == "" {
 		errs = append(errs, errors.New("--model is required (make model writes the default test model)"))
 	}

@@ -29,6 +29,9 @@ const (
 	// StoredPath stores, fetches and deletes the Responses API's stored responses on the
 	// nodes that keep a conversation (see node/stored). Since 1.7.
 	StoredPath = "/internal/v1/stored"
+	// QuotaPath leases capacity of a tenant's rate-limit bucket from the node that keeps
+	// it (see node/quota). Since 1.7.
+	QuotaPath = "/internal/v1/quota"
 
 	// Major and Minor are the hop protocol version this node speaks. A new minor version
 	// may add fields (receivers ignore fields they do not know); a new major one is not
@@ -47,14 +50,17 @@ const (
 	// not be told from a forged one.
 	// 1.6: a request's JSON schema (a response format) and, on a resumed leg, the text its
 	// answer had (answered): an owner of 1.5 or earlier would ignore the schema.
-	// 1.7: stored responses (StoredPath); a node sends them only to peers of 1.7 or later.
+	// 1.7: stored responses (StoredPath) and rate-limit leases (QuotaPath); a node sends
+	// them only to peers of 1.7 or later.
 	// A prompt as token ids, its logprobs, prefill only, an answer's tokens to continue
 	// from (a request with any goes only to owners of 1.7: an older one would ignore
 	// them); text events carry the tokens the text spells (Event.IDs).
 	Minor = 7
 
-	// MinorStored is the least minor version that keeps stored responses.
+	// MinorStored is the least minor version that keeps stored responses, MinorQuota
+	// rate-limit buckets.
 	MinorStored = 7
+	MinorQuota  = 7
 
 	// MinorSignedPull is the least minor version whose pull answers are signed.
 	MinorSignedPull = 5

@@ -6,6 +6,7 @@ import (
 
 	"github.com/infernode/infernode/node/hop"
 	"github.com/infernode/infernode/node/kvmove"
+	"github.com/infernode/infernode/node/quota"
 	"github.com/infernode/infernode/node/stored"
 	"github.com/infernode/infernode/ring"
 	"github.com/infernode/infernode/session/infer"
@@ -32,6 +33,32 @@ func (r *Router) GiveKV(ctx context.Context, key, peer, nonce string, sign func(
 
 // Stored keeps this node's stored responses (see stored.Keeper).
 func (r *Router) Stored() *stored.Keeper { return r.stored }
+
+// Quota holds tenants to their rate limits (see quota.Quota).
+func (r *Router) Quota() *quota.Quota { return r.quota }
+
+// quotaRing is the router's view as quota sees it: a bucket lives on the owner of its key
+// on the model's ring.
+type quotaRing struct{ r *Router }
+
+func (k quotaRing) Owner(model, key string) (quota.Peer, bool) {
+	t, ok := k.r.v.target(model)
+	if !ok {
+		return quota.Peer{}, true
+	}
+	rg := k.r.v.table.RingOf(t.ring)
+	if rg == nil {
+		return quota.Peer{}, true
+	}
+	id, ok := rg.Owner(key)
+	if !ok || id == k.r.cfg.Self {
+		return quota.Peer{}, true
+	}
+	k.r.v.mu.Lock()
+	defer k.r.v.mu.Unlock()
+	m := k.r.v.members[id].Meta
+	return quota.Peer{ID: id, Addr: m.HTTPAddr, Minor: m.HopMinor}, false
+}
 
 // ServeLocal serves req on this node's engine, first pulling its conversation's KV from
 // its previous owner when this node joined lately and does not hold it (see

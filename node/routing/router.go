@@ -13,6 +13,7 @@ import (
 	"github.com/infernode/infernode/gossip"
 	"github.com/infernode/infernode/node/hop"
 	"github.com/infernode/infernode/node/kvmove"
+	"github.com/infernode/infernode/node/quota"
 	"github.com/infernode/infernode/node/stored"
 	"github.com/infernode/infernode/session/infer"
 )
@@ -54,6 +55,7 @@ type Router struct {
 	v      *view
 	kv     *kvmove.Mover
 	stored *stored.Keeper
+	quota  *quota.Quota
 
 	forwards  *prometheus.CounterVec
 	resumes   prometheus.Counter
@@ -121,6 +123,7 @@ func New(cfg Config, g Membership, local Engine) (*Router, error) {
 	if r.stored, err = stored.New(st, storedRing{r}, r.hop, r.client, clock.Now); err != nil {
 		return nil, err
 	}
+	r.quota = quota.New(nil, quotaRing{r}, r.hop, r.client, clock.Now, r.log)
 	if len(cfg.Secret) == 0 {
 		r.log.Warn("hops are not authenticated (insecure): anyone who reaches this node's HTTP port can submit raw requests as a peer")
 	}
@@ -129,7 +132,7 @@ func New(cfg Config, g Membership, local Engine) (*Router, error) {
 
 // Collectors are the router's Prometheus metrics.
 func (r *Router) Collectors() []prometheus.Collector {
-	return append([]prometheus.Collector{r.forwards, r.resumes, r.ringSize, r.degradedN}, append(r.kv.Collectors(), r.stored.Collectors()...)...)
+	return append([]prometheus.Collector{r.forwards, r.resumes, r.ringSize, r.degradedN}, append(append(r.kv.Collectors(), r.stored.Collectors()...), r.quota.Collectors()...)...)
 }
 
 // KeepAlive is how often this node, as an owner, tells an entry node that a forwarded

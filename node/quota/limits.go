@@ -1,0 +1,98 @@
+package quota
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+)
+
+// Limit is what a tenant may use of a model. A zero field is no limit.
+type Limit struct {
+	RPM, TPM float64 // requests and tokens a minute
+	// Burst is how many seconds of its rate a bucket holds when full. Default 6: over a
+	// minute a tenant gets its rate within 10%.
+	Burst float64
+	// Concurrent bounds the tenant's requests in flight on each node.
+	Concurrent int
+}
+
+// DefaultBurst is Limit.Burst when a limits file says none.
+const DefaultBurst = 6
+
+// Limits are the limits of every tenant, by tenant and model ("*" for any).
+type Limits map[[2]string]Limit
+
+// Lookup is tenant's limit on model: its own for the model, else its own for any model,
+// else every tenant's ("*") for the model, else for any; zero when none is set.
+func (l Limits) Lookup(tenant, model string) Limit {
+	for _, k := range [][2]string{{tenant, model}, {tenant, "*"}, {"*", model}, {"*", "*"}} {
+		if lim, ok := l[k]; ok {
+			return lim
+		}
+	}
+	return Limit{}
+}
+
+// Load reads a limits file: a line a tenant (or * for every tenant without a line of its
+// own; "default" is the tenant of --api-key, or of everyone on a node without keys),
+// then key=value settings: rpm, tpm, burst (seconds), concurrent, and model (the line
+// applies to that model only). Blank lines and # comments are allowed.
+//
+//	default  rpm=600 tpm=200000
+//	alpha    rpm=60 tpm=20000 concurrent=4
+//	beta     model=stories260K rpm=30
+//	*        rpm=10
+func Load(path string) (Limits, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("limits file: %w", err)
+	}
+	out := Limits{}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		f := strings.Fields(line)
+		lim, model := Limit{Burst: DefaultBurst}, "*"
+		for _, kv := range f[1:] {
+			k, v, ok := strings.Cut(kv, "=")
+			if !ok {
+				return nil, fmt.Errorf("limits file %s:%d: want key=value, got %q", path, n, kv)
+			}
+			if k == "model" {
+				model = v
+				continue
+			}
+			x, err := strconv.ParseFloat(v, 64)
+			if err != nil || x < 0 {
+				return nil, fmt.Errorf("limits file %s:%d: %s must be a number >= 0, got %q", path, n, k, v)
+			}
+			switch k {
+			case "rpm":
+				lim.RPM = x
+			case "tpm":
+				lim.TPM = x
+			case "burst":
+				lim.Burst = x
+			case "concurrent":
+				lim.Concurrent = int(x)
+			default:
+				return nil, fmt.Errorf("limits file %s:%d: unknown setting %q (rpm, tpm, burst, concurrent, model)", path, n, k)
+			}
+		}
+		if lim.Burst <= 0 {
+			return nil, fmt.Errorf("limits file %s:%d: burst must be above 0", path, n)
+		}
+		key := [2]string{f[0], model}
+		if _, dup := out[key]; dup {
+			return nil, fmt.Errorf("limits file %s:%d: tenant %s, model %s listed twice", path, n, f[0], model)
+		}
+		out[key] = lim
+	}
+	return out, sc.Err()
+}

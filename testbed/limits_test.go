@@ -1,0 +1,92 @@
+package testbed
+
+import (
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/infernode/infernode/internal/testenv"
+)
+
+// TestRateLimitClusterWide: one tenant driven at three times its limit through all three
+// nodes gets its limit cluster-wide (a third of what it sends, not all of it), the rest
+// 429 with OpenAI's body and headers; another tenant is not held by it.
+func TestRateLimitClusterWide(t *testing.T) {
+	dir := t.TempDir()
+	keys, limits := filepath.Join(dir, "keys"), filepath.Join(dir, "limits")
+	os.WriteFile(keys, []byte("key-of-tenant-a-0001 alpha\nkey-of-tenant-b-0002 beta\n"), 0o600)
+	os.WriteFile(limits, []byte("alpha rpm=240\n"), 0o600) // 4 a second, a burst of 24
+	c := launch(t, Config{Model: testenv.Model(t), Nodes: 3, APIKey: "default-key-0123456789",
+		Args: []string{"--ctx", "8192", "--key-file", keys, "--limits", limits}})
+	if _, err := c.WaitRings(t.Context(), c.IDs(), 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+
+	const (
+		rate     = 12 // requests a second: three times the limit
+		duration = 15 * time.Second
+	)
+	var mu sync.Mutex
+	counts := map[string]map[int]int{"alpha": {}, "beta": {}}
+	var headers []string
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i := 0; time.Since(start) < duration; i++ {
+		node := c.Nodes[i%3]
+		for tenant, key := range map[string]string{"alpha": "key-of-tenant-a-0001", "beta": "key-of-tenant-b-0002"} {
+			if tenant == "beta" && i%4 != 0 {
+				continue // beta sends less, without a limit
+			}
+			wg.Go(func() {
+				req, _ := newPost(node.URL()+"/v1/completions", `{"prompt":"Once","max_tokens":1}`, key)
+				resp, err := client.Do(req)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				resp.Body.Close()
+				mu.Lock()
+				defer mu.Unlock()
+				counts[tenant][resp.StatusCode]++
+				if resp.StatusCode == 429 && headers == nil {
+					for _, h := range []string{"Retry-After", "Retry-After-Ms", "X-Ratelimit-Limit-Requests", "X-Ratelimit-Remaining-Requests", "X-Ratelimit-Reset-Requests"} {
+						headers = append(headers, h+"="+resp.Header.Get(h))
+					}
+				}
+			})
+		}
+		time.Sleep(time.Second / rate)
+	}
+	wg.Wait()
+	took := time.Since(start).Seconds()
+	limit := 4 * took
+	got := float64(counts["alpha"][200])
+	t.Logf("alpha: %d admitted, %d refused in %.1fs (limit %.0f, burst 24); beta: %v; a 429's headers: %v",
+		counts["alpha"][200], counts["alpha"][429], took, limit, counts["beta"], headers)
+	if got < 0.9*limit || got > 1.1*(limit+24) {
+		t.Errorf("alpha got %v through three nodes, want %.0f to %.0f (its limit and burst), not three times it", got, 0.9*limit, 1.1*(limit+24))
+	}
+	if counts["alpha"][429] == 0 || counts["beta"][429] > 0 || counts["beta"][200] == 0 {
+		t.Errorf("alpha refused %d, beta refused %d of %d", counts["alpha"][429], counts["beta"][429], counts["beta"][200])
+	}
+	for _, h := range headers {
+		if strings.HasSuffix(h, "=") {
+			t.Errorf("a 429 without %s", h)
+		}
+	}
+}
+
+// newPost is a JSON POST to url with API key key.
+func newPost(url, body, key string) (*http.Request, error) {
+	req, err := http.NewRequest("POST", url, strings.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+key)
+	return req, nil
+}
