@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -14,7 +15,9 @@ import (
 
 // TestRateLimitClusterWide: one tenant driven at three times its limit through all three
 // nodes gets its limit cluster-wide (a third of what it sends, not all of it), the rest
-// 429 with OpenAI's body and headers; another tenant is not held by it.
+// 429 with OpenAI's body and headers; another tenant is not held by it. Halfway, a node
+// is killed and the client goes on through the other two: the limit holds, give or take
+// a burst (the bucket's owner may be the node killed: its heir's bucket starts full).
 func TestRateLimitClusterWide(t *testing.T) {
 	dir := t.TempDir()
 	keys, limits := filepath.Join(dir, "keys"), filepath.Join(dir, "limits")
@@ -26,17 +29,23 @@ func TestRateLimitClusterWide(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	const (
-		rate     = 12 // requests a second: three times the limit
-		duration = 15 * time.Second
-	)
+	const rate = 12 // requests a second: three times the limit
+	duration := 15 * time.Second
+	if s, err := strconv.Atoi(os.Getenv("INFERNODE_LIMIT_SECONDS")); err == nil && s > 0 {
+		duration = time.Duration(s) * time.Second // a longer run, for docs/BENCHMARKS.md
+	}
 	var mu sync.Mutex
 	counts := map[string]map[int]int{"alpha": {}, "beta": {}}
 	var headers []string
 	var wg sync.WaitGroup
 	start := time.Now()
+	nodes := c.Nodes
 	for i := 0; time.Since(start) < duration; i++ {
-		node := c.Nodes[i%3]
+		if len(nodes) == 3 && time.Since(start) > duration/2 {
+			c.Nodes[2].Kill()
+			nodes = c.Nodes[:2]
+		}
+		node := nodes[i%len(nodes)]
 		for tenant, key := range map[string]string{"alpha": "key-of-tenant-a-0001", "beta": "key-of-tenant-b-0002"} {
 			if tenant == "beta" && i%4 != 0 {
 				continue // beta sends less, without a limit
@@ -45,8 +54,7 @@ func TestRateLimitClusterWide(t *testing.T) {
 				req, _ := newPost(node.URL()+"/v1/completions", `{"prompt":"Once","max_tokens":1}`, key)
 				resp, err := client.Do(req)
 				if err != nil {
-					t.Error(err)
-					return
+					return // sent to the node as it was killed
 				}
 				resp.Body.Close()
 				mu.Lock()
@@ -67,8 +75,8 @@ func TestRateLimitClusterWide(t *testing.T) {
 	got := float64(counts["alpha"][200])
 	t.Logf("alpha: %d admitted, %d refused in %.1fs (limit %.0f, burst 24); beta: %v; a 429's headers: %v",
 		counts["alpha"][200], counts["alpha"][429], took, limit, counts["beta"], headers)
-	if got < 0.9*limit || got > 1.1*(limit+24) {
-		t.Errorf("alpha got %v through three nodes, want %.0f to %.0f (its limit and burst), not three times it", got, 0.9*limit, 1.1*(limit+24))
+	if most := 1.1 * (limit + 2*24); got < 0.9*limit || got > most {
+		t.Errorf("alpha got %v through three nodes, want %.0f to %.0f (its limit and two bursts), not three times it", got, 0.9*limit, most)
 	}
 	if counts["alpha"][429] == 0 || counts["beta"][429] > 0 || counts["beta"][200] == 0 {
 		t.Errorf("alpha refused %d, beta refused %d of %d", counts["alpha"][429], counts["beta"][429], counts["beta"][200])

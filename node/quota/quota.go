@@ -35,8 +35,9 @@ type Peer struct {
 // Ring names the node that keeps a bucket; routing's view implements it.
 type Ring interface {
 	// Owner is the node that keeps key's bucket on model's ring; self when that is this
-	// node (or when there is no ring).
+	// node (or when there is no ring). Size is how many nodes that ring holds.
 	Owner(model, key string) (p Peer, self bool)
+	Size(model string) int
 }
 
 // Status is what a tenant's answers say of its limits (OpenAI's x-ratelimit headers).
@@ -76,6 +77,7 @@ type Quota struct {
 
 	mu       sync.Mutex
 	buckets  map[string]*owned // buckets this node keeps, by key
+	shares   map[string]*owned // this node's share of buckets whose owner cannot be reached
 	leases   map[string]*lease // what this node leased, by key
 	inflight map[string]int    // requests in flight here, by key
 
@@ -101,7 +103,7 @@ func New(limits Limits, ring Ring, auth *hop.Auth, client *http.Client, now func
 		log = slog.Default()
 	}
 	q := &Quota{log: log.With("component", "quota"), ring: ring, hop: auth, client: client, now: now,
-		buckets: map[string]*owned{}, leases: map[string]*lease{}, inflight: map[string]int{},
+		buckets: map[string]*owned{}, shares: map[string]*owned{}, leases: map[string]*lease{}, inflight: map[string]int{},
 		denied: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "infernode_rate_limited_total", Help: "Requests refused (429) for their tenant's limits, by tenant and limit (requests, tokens, concurrent).",
 		}, []string{"tenant", "limit"}),
@@ -200,14 +202,12 @@ func (q *Quota) Admit(ctx context.Context, tenant, model string, tokens int) (*T
 	ask.MostT = ask.LeastT + lim.TPM/60*LeaseSpan*boolf(needT > 0)
 	got, err := q.ask(ctx, key, ask)
 	if err != nil {
-		// The bucket's owner cannot be reached: admit on this node's own share rather
-		// than refuse everything (the ring will name another owner soon).
+		// The bucket's owner cannot be reached (dead, until the rings drop it): this node
+		// admits on a bucket of its own share of the limit meanwhile, neither refusing
+		// everything nor admitting all.
 		q.leased.WithLabelValues("failed").Inc()
-		q.log.Warn("quota owner unreachable: admitting", "tenant", tenant, "err", err)
-		q.mu.Lock()
-		q.admitted(t, lim, 0)
-		q.mu.Unlock()
-		return t, nil
+		q.log.Debug("quota owner unreachable: admitting on this node's share", "tenant", tenant, "err", err)
+		got = q.share(key, lim, model, ask)
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -335,19 +335,37 @@ func (q *Quota) ask(ctx context.Context, key string, g grant) (grant, error) {
 	return got, nil
 }
 
+// share grants g from this node's share of key's limit (the limit over the ring's nodes).
+func (q *Quota) share(key string, lim Limit, model string, g grant) grant {
+	n := 1
+	if q.ring != nil {
+		n = max(1, q.ring.Size(model))
+	}
+	// No burst beyond a second: the owner's heir starts a full bucket soon.
+	part := Limit{RPM: lim.RPM / float64(n), TPM: lim.TPM / float64(n), Burst: min(1, lim.Burst)}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.grantFrom(q.shares, key, part, g)
+}
+
 // maxBuckets bounds the buckets a node keeps; the longest unused go first.
 const maxBuckets = 100_000
 
 // take grants g from key's buckets here, both or neither.
 func (q *Quota) take(key string, g grant) grant {
 	lim := (*q.limits.Load()).Lookup(g.Tenant, g.Model)
-	now := q.now()
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	b := q.buckets[key]
+	return q.grantFrom(q.buckets, key, lim, g)
+}
+
+// grantFrom grants g from key's buckets in buckets, made for lim. Callers hold mu.
+func (q *Quota) grantFrom(buckets map[string]*owned, key string, lim Limit, g grant) grant {
+	now := q.now()
+	b := buckets[key]
 	if b == nil || b.limit != lim {
-		if len(q.buckets) >= maxBuckets {
-			q.evictIdle(now)
+		if len(buckets) >= maxBuckets {
+			evictIdle(buckets, now)
 		}
 		b = &owned{limit: lim}
 		if lim.RPM > 0 {
@@ -356,7 +374,7 @@ func (q *Quota) take(key string, g grant) grant {
 		if lim.TPM > 0 {
 			b.toks = newBucket(lim.TPM/60, lim.TPM/60*lim.Burst, now)
 		}
-		q.buckets[key] = b
+		buckets[key] = b
 	}
 	b.used = now
 	out := grant{R: g.MostR, T: g.MostT}
@@ -389,11 +407,11 @@ func (q *Quota) take(key string, g grant) grant {
 	return out
 }
 
-// evictIdle drops the buckets unused for a minute (full again by then). Callers hold mu.
-func (q *Quota) evictIdle(now time.Time) {
-	for k, b := range q.buckets {
+// evictIdle drops the buckets unused for a minute (full again by then).
+func evictIdle(buckets map[string]*owned, now time.Time) {
+	for k, b := range buckets {
 		if now.Sub(b.used) > time.Minute {
-			delete(q.buckets, k)
+			delete(buckets, k)
 		}
 	}
 }

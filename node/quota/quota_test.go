@@ -47,6 +47,7 @@ type toFirst struct {
 }
 
 func (r toFirst) Owner(string, string) (Peer, bool) { return r.n.peers[0], r.self == 0 }
+func (r toFirst) Size(string) int                   { return len(r.n.peers) }
 
 func cluster(t *testing.T, n int, limits Limits, c *clock) *nodes {
 	ns := &nodes{}
@@ -183,3 +184,23 @@ func TestLoadLimits(t *testing.T) {
 }
 
 func writeFile(path, s string) error { return os.WriteFile(path, []byte(s), 0o600) }
+
+// TestOwnerUnreachable: while a bucket's owner cannot be reached, each node admits its
+// share of the limit (the limit over the nodes), not everything and not nothing.
+func TestOwnerUnreachable(t *testing.T) {
+	c := &clock{t: time.Unix(1000, 0)}
+	ns := cluster(t, 3, Limits{{"alpha", "*"}: {RPM: 120, Burst: DefaultBurst}}, c)
+	ns.peers[0].Addr = "127.0.0.1:1" // the owner is gone
+	admitted := 0
+	for range 1000 { // 10 s at 100 a second through node 2
+		if tk, err := ns.qs[1].Admit(context.Background(), "alpha", "m", 1); err == nil {
+			admitted++
+			tk.Settle(1)
+		}
+		c.Add(10 * time.Millisecond)
+	}
+	share := 120.0 / 60 / 3 * 10 // a third of 2 a second, for 10 s
+	if got := float64(admitted); got < 0.9*share || got > 1.1*(share+1) {
+		t.Errorf("admitted %v in 10 s without the owner, want its share, %v (and a burst)", got, share)
+	}
+}

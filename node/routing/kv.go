@@ -41,6 +41,13 @@ func (r *Router) Quota() *quota.Quota { return r.quota }
 // on the model's ring.
 type quotaRing struct{ r *Router }
 
+func (k quotaRing) Size(model string) int {
+	if t, ok := k.r.v.target(model); ok {
+		return k.r.v.table.RingOf(t.ring).Len()
+	}
+	return 1
+}
+
 func (k quotaRing) Owner(model, key string) (quota.Peer, bool) {
 	t, ok := k.r.v.target(model)
 	if !ok {
