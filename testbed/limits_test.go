@@ -22,7 +22,7 @@ func TestRateLimitClusterWide(t *testing.T) {
 	dir := t.TempDir()
 	keys, limits := filepath.Join(dir, "keys"), filepath.Join(dir, "limits")
 	os.WriteFile(keys, []byte("key-of-tenant-a-0001 alpha\nkey-of-tenant-b-0002 beta\n"), 0o600)
-	os.WriteFile(limits, []byte("alpha rpm=240\n"), 0o600) // 4 a second, a burst of 24
+	os.WriteFile(limits, []byte("alpha rpm=240\n"), 0o600) // 4 a second, a burst of 12
 	c := launch(t, Config{Model: testenv.Model(t), Nodes: 3, APIKey: "default-key-0123456789",
 		Args: []string{"--ctx", "8192", "--key-file", keys, "--limits", limits}})
 	if _, err := c.WaitRings(t.Context(), c.IDs(), 30*time.Second); err != nil {
@@ -73,9 +73,9 @@ func TestRateLimitClusterWide(t *testing.T) {
 	took := time.Since(start).Seconds()
 	limit := 4 * took
 	got := float64(counts["alpha"][200])
-	t.Logf("alpha: %d admitted, %d refused in %.1fs (limit %.0f, burst 24); beta: %v; a 429's headers: %v",
+	t.Logf("alpha: %d admitted, %d refused in %.1fs (limit %.0f, burst 12); beta: %v; a 429's headers: %v",
 		counts["alpha"][200], counts["alpha"][429], took, limit, counts["beta"], headers)
-	if most := 1.1 * (limit + 2*24); got < 0.9*limit || got > most {
+	if most := 1.1 * (limit + 2*12); got < 0.9*limit || got > most {
 		t.Errorf("alpha got %v through three nodes, want %.0f to %.0f (its limit and two bursts), not three times it", got, 0.9*limit, most)
 	}
 	if counts["alpha"][429] == 0 || counts["beta"][429] > 0 || counts["beta"][200] == 0 {

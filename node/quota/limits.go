@@ -12,15 +12,15 @@ import (
 // Limit is what a tenant may use of a model. A zero field is no limit.
 type Limit struct {
 	RPM, TPM float64 // requests and tokens a minute
-	// Burst is how many seconds of its rate a bucket holds when full. Default 6: over a
-	// minute a tenant gets its rate within 10%.
+	// Burst is how many seconds of its rate a bucket holds when full. Default 3: over a
+	// minute a tenant gets its rate within 5% (a new bucket starts full).
 	Burst float64
 	// Concurrent bounds the tenant's requests in flight on each node.
 	Concurrent int
 }
 
 // DefaultBurst is Limit.Burst when a limits file says none.
-const DefaultBurst = 6
+const DefaultBurst = 3
 
 // Limits are the limits of every tenant, by tenant and model ("*" for any).
 type Limits map[[2]string]Limit

@@ -118,7 +118,7 @@ func TestClusterRate(t *testing.T) {
 // concurrency cap holds on a node and frees as requests end.
 func TestTokensAndConcurrency(t *testing.T) {
 	c := &clock{t: time.Unix(1000, 0)}
-	limits := Limits{{"alpha", "*"}: {TPM: 6000, Burst: DefaultBurst, Concurrent: 2}} // 100 tokens a second, 600 at once
+	limits := Limits{{"alpha", "*"}: {TPM: 6000, Burst: 6, Concurrent: 2}} // 100 tokens a second, 600 at once
 	q := New(limits, nil, nil, nil, c.Now, nil)
 	ctx := context.Background()
 	a, err := q.Admit(ctx, "alpha", "m", 400)
