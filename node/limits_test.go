@@ -1,0 +1,55 @@
+package node
+
+import (
+	"encoding/json"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+)
+
+// TestRateLimitAnswers: a limited tenant's answers carry OpenAI's x-ratelimit headers;
+// past its burst it gets a 429 in OpenAI's shape with retry-after and retry-after-ms; a
+// tenant without limits carries none.
+func TestRateLimitAnswers(t *testing.T) {
+	limits := filepath.Join(t.TempDir(), "limits")
+	os.WriteFile(limits, []byte("alpha rpm=60 tpm=600 burst=3\n"), 0o600) // 3 requests, 30 tokens at once
+	keys := writeKeys(t, "key-of-tenant-a-0001 alpha\nkey-of-tenant-b-0002 beta\n")
+	url, _ := startStandalone(t, &fakeEngine{n: 1}, func(c *Config) { c.KeyFile, c.LimitsFile = keys, limits })
+	alpha := []string{"Authorization", "Bearer key-of-tenant-a-0001"}
+	var statuses []int
+	var last map[string]string
+	var body []byte
+	for range 4 {
+		resp := postJSON(t, url+"/v1/completions", `{"prompt":"hi","max_tokens":2}`, alpha...)
+		body, _ = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		statuses = append(statuses, resp.StatusCode)
+		last = map[string]string{}
+		for _, h := range []string{"x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests",
+			"x-ratelimit-limit-tokens", "retry-after", "retry-after-ms"} {
+			last[h] = resp.Header.Get(h)
+		}
+		if resp.StatusCode == 200 && (last["x-ratelimit-limit-requests"] != "60" || last["x-ratelimit-limit-tokens"] != "600" ||
+			last["x-ratelimit-reset-requests"] == "") {
+			t.Errorf("an admitted answer's headers: %v", last)
+		}
+	}
+	if statuses[0] != 200 || statuses[3] != 429 {
+		t.Fatalf("statuses %v: want 200 first and 429 past the burst of 3", statuses)
+	}
+	var e struct {
+		Error struct{ Type, Code string }
+	}
+	json.Unmarshal(body, &e)
+	ms, _ := strconv.Atoi(last["retry-after-ms"])
+	if e.Error.Code != "rate_limit_exceeded" || e.Error.Type != "requests" || last["retry-after"] == "" || ms <= 0 || ms > 1000 {
+		t.Errorf("the 429: %s, headers %v", body, last)
+	}
+	resp := postJSON(t, url+"/v1/completions", `{"prompt":"hi","max_tokens":2}`, "Authorization", "Bearer key-of-tenant-b-0002")
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get("x-ratelimit-limit-requests") != "" {
+		t.Errorf("a tenant without limits: %d, %q", resp.StatusCode, resp.Header.Get("x-ratelimit-limit-requests"))
+	}
+}
