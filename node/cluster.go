@@ -106,7 +106,7 @@ func (standalone) GiveKV(context.Context, string, string, string, func(string, s
 	return nil, errStandalone
 }
 func (s standalone) Stored() *stored.Keeper { return s.stored }
-func (s standalone) Quota() *quota.Quota     { return s.quota }
+func (s standalone) Quota() *quota.Quota    { return s.quota }
 func (standalone) Hop() *hop.Auth           { return nil }
 func (standalone) Peer(netip.Addr) bool     { return false }
 func (standalone) KeepAlive() time.Duration { return 0 }
@@ -126,8 +126,8 @@ func (s standalone) Models() []routing.ModelInfo {
 	return []routing.ModelInfo{{ID: s.model, Nodes: 1, Ready: ready, Local: true}}
 }
 
-func (standalone) Serves(string) bool                   { return false }
-func (standalone) View(int) routing.View                { return routing.View{} }
+func (standalone) Serves(string) bool    { return false }
+func (standalone) View(int) routing.View { return routing.View{} }
 func (s standalone) Collectors() []prometheus.Collector {
 	return append(s.stored.Collectors(), s.quota.Collectors()...)
 }

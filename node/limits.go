@@ -73,7 +73,6 @@ func (s *Server) charge(c *completion) int {
 	return total
 }
 
-
 // limitHeaders says where a tenant stands, as OpenAI does: the limit, what remains, and
 // when it is full again (a duration such as "12ms"), for requests and for tokens.
 func limitHeaders(ctx *fasthttp.RequestCtx, st quota.Status) {
