@@ -22,8 +22,15 @@ func (s *Server) admit(ctx *fasthttp.RequestCtx, c *completion) bool {
 	t, _ := s.client(ctx)
 	q := s.cluster.Quota()
 	name := t.limitName()
+	lim := q.Limit(name, c.model)
+	if lim.Batch { // the tenant's class: its requests are batch work whatever they ask
+		c.req.Batch = true
+		for i := range c.batch {
+			c.batch[i].req.Batch = true
+		}
+	}
 	tokens := 0
-	if q.Limit(name, c.model).TPM > 0 {
+	if lim.TPM > 0 {
 		tokens = s.charge(c)
 	}
 	tk, err := q.Admit(ctx, name, c.model, tokens)

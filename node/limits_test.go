@@ -53,3 +53,32 @@ func TestRateLimitAnswers(t *testing.T) {
 		t.Errorf("a tenant without limits: %d, %q", resp.StatusCode, resp.Header.Get("x-ratelimit-limit-requests"))
 	}
 }
+
+// TestBatchPriority: service_tier "flex" makes a request batch work, and so does its
+// tenant's priority=batch whatever it asks; an unknown tier is refused.
+func TestBatchPriority(t *testing.T) {
+	limits := filepath.Join(t.TempDir(), "limits")
+	os.WriteFile(limits, []byte("beta priority=batch\n"), 0o600)
+	keys := writeKeys(t, "key-of-tenant-a-0001 alpha\nkey-of-tenant-b-0002 beta\n")
+	engine := &fakeEngine{n: 1}
+	url, _ := startStandalone(t, engine, func(c *Config) { c.KeyFile, c.LimitsFile = keys, limits })
+	for _, tc := range []struct {
+		key, body string
+		status    int
+		batch     bool
+	}{
+		{"key-of-tenant-a-0001", `{"prompt":"hi"}`, 200, false},
+		{"key-of-tenant-a-0001", `{"prompt":"hi","service_tier":"flex"}`, 200, true},
+		{"key-of-tenant-a-0001", `{"prompt":"hi","service_tier":"priority"}`, 200, false},
+		{"key-of-tenant-b-0002", `{"prompt":"hi","service_tier":"priority"}`, 200, true},
+		{"key-of-tenant-a-0001", `{"prompt":"hi","service_tier":"gold"}`, 400, false},
+	} {
+		engine.last.Store(nil)
+		resp := postJSON(t, url+"/v1/completions", tc.body, "Authorization", "Bearer "+tc.key)
+		resp.Body.Close()
+		last := engine.last.Load()
+		if resp.StatusCode != tc.status || (last != nil && last.Batch != tc.batch) {
+			t.Errorf("%s %s: %d, batch %v; want %d, %v", tc.key, tc.body, resp.StatusCode, last != nil && last.Batch, tc.status, tc.batch)
+		}
+	}
+}

@@ -49,7 +49,7 @@ type params struct {
 	ParallelToolCalls *bool           `json:"parallel_tool_calls"`
 	Store             *bool           `json:"store"`
 	Metadata          map[string]any  `json:"metadata"`
-	ServiceTier       *string         `json:"service_tier"`
+	ServiceTier       *string         `json:"service_tier"` // "flex": batch priority (see infer.Request.Batch)
 }
 
 type streamOptions struct {
@@ -285,6 +285,15 @@ func (p *params) sessionRequest() (infer.Request, error) {
 		}
 	}
 	req.Stop = p.Stop
+	if p.ServiceTier != nil {
+		switch *p.ServiceTier {
+		case "flex":
+			req.Batch = true
+		case "auto", "default", "priority", "scale":
+		default:
+			return req, badRequest("service_tier", "service_tier must be auto, default, flex or priority, got %q", *p.ServiceTier)
+		}
+	}
 	req.Logprobs, req.TopLogprobs = p.Logprobs.On, p.Logprobs.Top
 	if p.echo {
 		req.PromptLogprobs = req.Logprobs

@@ -52,7 +52,7 @@ type responsesRequest struct {
 	Include              []string       `json:"include"`
 	Truncation           *string        `json:"truncation"`
 	SafetyIdentifier     *string        `json:"safety_identifier"`
-	ServiceTier          *string        `json:"service_tier"`
+	ServiceTier          *string        `json:"service_tier"` // "flex": batch priority
 	PromptCacheRetention *string        `json:"prompt_cache_retention"`
 	Reasoning            any            `json:"reasoning"`
 	MaxToolCalls         *int           `json:"max_tool_calls"`
@@ -335,7 +335,7 @@ func (s *Server) parseResponses(ctx *fasthttp.RequestCtx) (*completion, error) {
 		return nil, badRequest("input", "input has no message")
 	}
 	chat := chatRequest{Messages: msgs, params: params{Model: r.Model, MaxTokens: r.MaxOutputTokens, Temperature: r.Temperature,
-		TopP: r.TopP, Seed: r.Seed, Stream: r.Stream, User: r.User, SessionID: r.PromptCacheKey,
+		TopP: r.TopP, Seed: r.Seed, Stream: r.Stream, User: r.User, SessionID: r.PromptCacheKey, ServiceTier: r.ServiceTier,
 		ToolChoice: r.ToolChoice, ParallelToolCalls: r.ParallelToolCalls}}
 	if r.MaxOutputTokens != nil {
 		chat.MaxTokens = nil
@@ -573,7 +573,7 @@ func (t *responseTurn) object(c *completion) responseObject {
 		Instructions: r.Instructions, Output: []outputItem{}, Tools: r.Tools, ToolChoice: r.ToolChoice, Truncation: "disabled",
 		ParallelToolCalls: r.ParallelToolCalls == nil || *r.ParallelToolCalls, TopP: c.req.TopP, Temperature: c.req.Temperature,
 		Reasoning: map[string]any{"effort": nil, "summary": nil}, MaxOutputTokens: r.MaxOutputTokens, MaxToolCalls: r.MaxToolCalls,
-		Store: t.store, ServiceTier: "default", Metadata: r.Metadata, SafetyIdentifier: r.SafetyIdentifier,
+		Store: t.store, ServiceTier: map[bool]string{true: "flex", false: "default"}[c.req.Batch], Metadata: r.Metadata, SafetyIdentifier: r.SafetyIdentifier,
 		PresencePenalty: c.req.PresencePenalty, FrequencyPenalty: c.req.FrequencyPenalty}
 	if o.Tools == nil {
 		o.Tools = []responsesTool{}

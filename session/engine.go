@@ -235,7 +235,7 @@ func (e *Engine) Submit(ctx context.Context, req infer.Request) (*Stream, error)
 		return nil, err
 	}
 	e.mu.Lock()
-	full := len(e.waiting) >= e.cfg.MaxQueue
+	full := len(e.waiting) >= e.queueFor(req)
 	e.mu.Unlock()
 	if full { // refuse before tokenizing: under overload, refusals must cost next to nothing
 		return nil, e.refuse()
@@ -274,7 +274,7 @@ func (e *Engine) Submit(ctx context.Context, req infer.Request) (*Stream, error)
 	case !e.running:
 		e.mu.Unlock()
 		return nil, infer.ErrClosed
-	case len(e.waiting) >= e.cfg.MaxQueue:
+	case len(e.waiting) >= e.queueFor(req):
 		e.mu.Unlock()
 		return nil, e.refuse()
 	}
@@ -282,6 +282,15 @@ func (e *Engine) Submit(ctx context.Context, req infer.Request) (*Stream, error)
 	e.mu.Unlock()
 	e.signal()
 	return j.stream, nil
+}
+
+// queueFor is how long the queue may be for req to join it: batch work gets half, so it
+// is refused before any interactive request is.
+func (e *Engine) queueFor(req infer.Request) int {
+	if req.Batch {
+		return max(1, e.cfg.MaxQueue/2)
+	}
+	return e.cfg.MaxQueue
 }
 
 // promptTokens is req's prompt as tokens: its Tokens, checked against the vocabulary, or
@@ -442,7 +451,9 @@ func (e *Engine) nextDeadline() <-chan time.Time {
 	if len(e.waiting) == 0 {
 		return nil
 	}
-	return time.After(time.Until(e.waiting[0].submitted.Add(e.cfg.QueueTimeout)))
+	// The queue is in admission order (interactive first), not arrival order.
+	oldest := slices.MinFunc(e.waiting, func(a, b *job) int { return a.submitted.Compare(b.submitted) })
+	return time.After(time.Until(oldest.submitted.Add(e.cfg.QueueTimeout)))
 }
 
 // expire ends running and waiting requests whose context is done, and waiting ones past

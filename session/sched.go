@@ -1,6 +1,7 @@
 package session
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"slices"
@@ -19,6 +20,9 @@ import (
 // younger ones pass until it has waited a quarter of the queue timeout; then nothing passes
 // it, and running requests drain until it fits. Nothing is admitted while a running
 // request waits for cells to grow into: work already started comes first.
+//
+// Interactive requests go first; a batch request is admitted only when no interactive one
+// waits and a sequence would stay free after it (see infer.Request.Batch).
 func (e *Engine) admit(stats *infer.Stats) {
 	if e.stalled > 0 {
 		return
@@ -26,8 +30,12 @@ func (e *Engine) admit(stats *infer.Stats) {
 	now := time.Now()
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	slices.SortStableFunc(e.waiting, func(a, b *job) int { return cmp.Compare(btoi(a.req.Batch), btoi(b.req.Batch)) })
 	for i := 0; i < len(e.waiting); {
 		j := e.waiting[i]
+		if j.req.Batch && (i > 0 || e.freeSlots() < 2) {
+			return // an interactive request waits, or would find no sequence free
+		}
 		p, ok := e.place(j)
 		if !ok {
 			if now.Sub(j.submitted) >= e.cfg.QueueTimeout/4 {
@@ -41,6 +49,30 @@ func (e *Engine) admit(stats *infer.Stats) {
 		e.start(j, p, stats)
 		e.mu.Lock()
 	}
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// freeSlots counts the sequences no request runs in (empty, or an idle conversation).
+func (e *Engine) freeSlots() int {
+	n := 0
+	for _, s := range e.slots {
+		if s.job == nil {
+			n++
+		}
+	}
+	return n
+}
+
+// interactivePrefill reports whether an interactive prompt is being prefilled: batch
+// decoding pauses meanwhile.
+func (e *Engine) interactivePrefill() bool {
+	return slices.ContainsFunc(e.jobs, func(j *job) bool { return j.gen == 0 && !j.req.Batch })
 }
 
 // placement is where a request will run: its slot, how many of its prompt tokens it finds
@@ -335,6 +367,9 @@ func (e *Engine) prefillOrder(decoding int, rate float64) []*job {
 	}
 	old := func(j *job) bool { return e.tick-j.since >= prefillAge }
 	slices.SortStableFunc(ps, func(a, b *job) int {
+		if a.req.Batch != b.req.Batch { // interactive prompts first, however long they waited
+			return cmp.Compare(btoi(a.req.Batch), btoi(b.req.Batch))
+		}
 		switch oa, ob := old(a), old(b); {
 		case oa != ob && oa:
 			return -1
@@ -396,9 +431,10 @@ func (e *Engine) step(stats *infer.Stats) {
 	b.Clear()
 	decoding := 0
 	var stalled []*job
+	pauseBatch := e.interactivePrefill()
 	for _, j := range e.jobs {
 		j.logitIdx, j.fed, j.scored = -1, 0, j.scored[:0]
-		if j.gen == 0 {
+		if j.gen == 0 || (pauseBatch && j.req.Batch) {
 			continue
 		}
 		if !e.room(j, stats) {

@@ -405,3 +405,85 @@ func TestFakePromptLogprobs(t *testing.T) {
 		}
 	})
 }
+
+// TestFakeBatchPriority: batch work yields to interactive work. With three batch streams
+// decoding, an interactive prompt's first token comes within 1.5x of its time on an idle
+// engine (batch decoding pauses while it is prefilled), sooner than behind three
+// interactive streams; a batch request is not admitted into the last free sequence, and
+// the queue refuses batch work at half its length while it still takes interactive work.
+func TestFakeBatchPriority(t *testing.T) {
+	probe := strings.TrimSpace(strings.Repeat("w ", 120))
+	ttft := func(background int, batch bool) time.Duration {
+		var got time.Duration
+		synctest.Test(t, func(t *testing.T) {
+			e, _, stop := startFake(t, func(c *Config) { c.Sequences, c.Cells = 5, 4096 })
+			defer stop()
+			var streams []*Stream
+			for i := range background {
+				st, err := e.Submit(t.Context(), infer.Request{SessionID: fmt.Sprint("bg", i), Prompt: fmt.Sprint("background ", i),
+					MaxTokens: 400, Batch: batch, Sampling: infer.Greedy()})
+				if err != nil {
+					t.Fatal(err)
+				}
+				streams = append(streams, st)
+			}
+			for _, st := range streams { // all decoding
+				if _, err := st.Recv(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			start := time.Now()
+			st, err := e.Submit(t.Context(), infer.Request{SessionID: "probe", Prompt: probe, MaxTokens: 1, Sampling: infer.Greedy()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			st.Recv()
+			got = time.Since(start)
+			for _, s := range streams {
+				s.Collect()
+			}
+		})
+		return got
+	}
+	idle, behindBatch, behindInteractive := ttft(0, false), ttft(3, true), ttft(3, false)
+	t.Logf("first token of a 120-token prompt: idle %v, beside 3 batch streams %v, beside 3 interactive streams %v", idle, behindBatch, behindInteractive)
+	if behindBatch > idle*3/2 || behindBatch >= behindInteractive {
+		t.Errorf("beside batch streams the interactive first token took %v (idle %v, beside interactive streams %v)", behindBatch, idle, behindInteractive)
+	}
+
+	synctest.Test(t, func(t *testing.T) {
+		e, _, stop := startFake(t, func(c *Config) { c.Sequences, c.MaxQueue = 3, 4 })
+		defer stop()
+		submit := func(key string, batch bool) (*Stream, error) {
+			return e.Submit(t.Context(), infer.Request{SessionID: key, Prompt: "hello " + key, MaxTokens: 300, Batch: batch, Sampling: infer.Greedy()})
+		}
+		var running []*Stream
+		for _, k := range []string{"b1", "b2", "b3", "b4"} {
+			st, err := submit(k, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			running = append(running, st)
+			time.Sleep(5 * time.Millisecond) // a step: admitted, if it may be
+		}
+		if st := e.Stats(); st.Running != 2 || st.Waiting != 2 {
+			t.Fatalf("4 batch requests on 3 sequences: %d running, %d waiting; want 2 and 2 (a sequence kept for interactive work)", st.Running, st.Waiting)
+		}
+		if _, err := submit("b5", true); !errors.Is(err, infer.ErrOverloaded) {
+			t.Errorf("a batch request with the queue half full: %v, want refused", err)
+		}
+		i1, err := submit("i1", false)
+		if err != nil {
+			t.Fatalf("an interactive request with the queue half full: %v", err)
+		}
+		if _, err := i1.Recv(); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, ok := running[2].Admitted(); ok {
+			t.Error("the waiting batch request was admitted before the interactive one")
+		}
+		for _, st := range append(running, i1) {
+			st.Collect()
+		}
+	})
+}

@@ -140,6 +140,7 @@ type Request struct {
 	PromptLogprobs   bool      `json:"prompt_logprobs,omitempty"` // since 1.7
 	PrefillOnly      bool      `json:"prefill_only,omitempty"`    // since 1.7
 	Continue         []int32   `json:"continue,omitempty"`        // since 1.7
+	Batch            bool      `json:"batch,omitempty"`           // since 1.7
 }
 
 // Message is one message of a chat on the wire.
@@ -159,7 +160,7 @@ func NewRequest(model string, r infer.Request) Request {
 		Temperature: s.Temperature, TopK: s.TopK, TopP: s.TopP, MinP: s.MinP, RepeatPenalty: s.RepeatPenalty,
 		PresencePenalty: s.PresencePenalty, FrequencyPenalty: s.FrequencyPenalty, RepeatLastN: s.RepeatLastN, Seed: s.Seed,
 		Logprobs: r.Logprobs, TopLogprobs: r.TopLogprobs, Schema: r.Schema, Answered: r.Answered,
-		Tokens: r.Tokens, PromptLogprobs: r.PromptLogprobs, PrefillOnly: r.PrefillOnly, Continue: r.Continue}
+		Tokens: r.Tokens, PromptLogprobs: r.PromptLogprobs, PrefillOnly: r.PrefillOnly, Continue: r.Continue, Batch: r.Batch}
 }
 
 // Engine returns the request as the engine takes it.
@@ -170,7 +171,7 @@ func (r Request) Engine() infer.Request {
 	}
 	return infer.Request{SessionID: r.SessionID, Share: r.Share, FollowUp: r.FollowUp, Prompt: r.Prompt, Messages: msgs, MaxTokens: r.MaxTokens, Stop: r.Stop,
 		Logprobs: r.Logprobs, TopLogprobs: r.TopLogprobs, Schema: r.Schema, Answered: r.Answered,
-		Tokens: r.Tokens, PromptLogprobs: r.PromptLogprobs, PrefillOnly: r.PrefillOnly, Continue: r.Continue, Sampling: infer.Sampling{Temperature: r.Temperature, TopK: r.TopK, TopP: r.TopP, MinP: r.MinP,
+		Tokens: r.Tokens, PromptLogprobs: r.PromptLogprobs, PrefillOnly: r.PrefillOnly, Continue: r.Continue, Batch: r.Batch, Sampling: infer.Sampling{Temperature: r.Temperature, TopK: r.TopK, TopP: r.TopP, MinP: r.MinP,
 			RepeatPenalty: r.RepeatPenalty, PresencePenalty: r.PresencePenalty, FrequencyPenalty: r.FrequencyPenalty,
 			RepeatLastN: r.RepeatLastN, Seed: r.Seed}}
 }

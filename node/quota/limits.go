@@ -17,6 +17,8 @@ type Limit struct {
 	Burst float64
 	// Concurrent bounds the tenant's requests in flight on each node.
 	Concurrent int
+	// Batch makes every request of the tenant batch work (see infer.Request.Batch).
+	Batch bool
 }
 
 // DefaultBurst is Limit.Burst when a limits file says none.
@@ -38,8 +40,8 @@ func (l Limits) Lookup(tenant, model string) Limit {
 
 // Load reads a limits file: a line a tenant (or * for every tenant without a line of its
 // own; "default" is the tenant of --api-key, or of everyone on a node without keys),
-// then key=value settings: rpm, tpm, burst (seconds), concurrent, and model (the line
-// applies to that model only). Blank lines and # comments are allowed.
+// then key=value settings: rpm, tpm, burst (seconds), concurrent, priority (interactive or
+// batch: all its requests are batch work), and model (the line applies to that model only). Blank lines and # comments are allowed.
 //
 //	default  rpm=600 tpm=200000
 //	alpha    rpm=60 tpm=20000 concurrent=4
@@ -64,8 +66,15 @@ func Load(path string) (Limits, error) {
 			if !ok {
 				return nil, fmt.Errorf("limits file %s:%d: want key=value, got %q", path, n, kv)
 			}
-			if k == "model" {
+			switch k {
+			case "model":
 				model = v
+				continue
+			case "priority":
+				if v != "batch" && v != "interactive" {
+					return nil, fmt.Errorf("limits file %s:%d: priority must be batch or interactive, got %q", path, n, v)
+				}
+				lim.Batch = v == "batch"
 				continue
 			}
 			x, err := strconv.ParseFloat(v, 64)
@@ -82,7 +91,7 @@ func Load(path string) (Limits, error) {
 			case "concurrent":
 				lim.Concurrent = int(x)
 			default:
-				return nil, fmt.Errorf("limits file %s:%d: unknown setting %q (rpm, tpm, burst, concurrent, model)", path, n, k)
+				return nil, fmt.Errorf("limits file %s:%d: unknown setting %q (rpm, tpm, burst, concurrent, priority, model)", path, n, k)
 			}
 		}
 		if lim.Burst <= 0 {

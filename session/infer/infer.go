@@ -24,6 +24,12 @@ type Request struct {
 	// beginning-of-sequence token is added) in place of Prompt, which then only names it
 	// (for routing and logs).
 	Tokens []int32
+	// Batch marks background work (OpenAI's "flex" service tier): it is admitted only when
+	// no interactive request waits and a sequence stays free for one, its prompt is
+	// prefilled after interactive prompts, its decoding pauses while an interactive prompt
+	// is prefilled, and the queue refuses it once half full, before any interactive request
+	// is refused. Interactive work keeps its latency; batch work fills what is left.
+	Batch bool
 	// Continue, if set, are tokens that follow the prompt's (an answer's tokens so far, when
 	// it resumes on another node): the engine appends them to the tokenized prompt as they
 	// are, and a schema's grammar follows them, so the answer goes on exactly as it would
