@@ -428,3 +428,60 @@ func BenchmarkSharedPrefixBurst(b *testing.B) {
 	b.ReportMetric(float64(measure.Percentile(each, 50).Milliseconds()), "prompt-each-ms")
 	b.ReportMetric(0, "ns/op")
 }
+
+// BenchmarkBatchPriority: the first token of an interactive request (a 200-word prompt,
+// new each time) on an idle engine, beside 6 batch streams decoding, and beside 6
+// interactive ones; with the background's tokens a second (the spare capacity batch work
+// fills).
+func BenchmarkBatchPriority(b *testing.B) {
+	for _, bg := range []string{"idle", "batch", "interactive"} {
+		b.Run("background="+bg, func(b *testing.B) {
+			e := benchEngine(b, nil)
+			ctx, cancel := context.WithCancel(context.Background())
+			var wg sync.WaitGroup
+			var generated sync.Map
+			if bg != "idle" {
+				for i := range 6 {
+					wg.Go(func() {
+						for k := 0; ctx.Err() == nil; k++ {
+							st, err := e.Submit(ctx, infer.Request{Prompt: fmt.Sprintf("background %d story %d", i, k), MaxTokens: 400,
+								Batch: bg == "batch", Sampling: infer.Sampling{TopP: 1}})
+							if err != nil {
+								time.Sleep(10 * time.Millisecond)
+								continue
+							}
+							_, res, _ := st.Collect()
+							v, _ := generated.LoadOrStore(i, new(int))
+							*v.(*int) += res.CompletionTokens
+						}
+					})
+				}
+				time.Sleep(2 * time.Second) // every stream decoding
+			}
+			var ttft []time.Duration
+			start := time.Now()
+			for i := 0; b.Loop(); i++ {
+				prompt := fmt.Sprintf("%d %s", i, strings.Repeat("the quiet river runs past the old stone bridge ", 25))
+				st, err := e.Submit(context.Background(), infer.Request{Prompt: prompt, MaxTokens: 4, Sampling: infer.Sampling{TopP: 1}})
+				if err != nil {
+					b.Fatal(err)
+				}
+				_, res, err := st.Collect()
+				if err != nil {
+					b.Fatal(err)
+				}
+				ttft = append(ttft, res.FirstToken)
+				time.Sleep(200 * time.Millisecond) // arrivals, not a closed loop
+			}
+			took := time.Since(start)
+			cancel()
+			wg.Wait()
+			tokens := 0
+			generated.Range(func(_, v any) bool { tokens += *v.(*int); return true })
+			b.ReportMetric(float64(measure.Percentile(ttft, 50).Milliseconds()), "ttft-p50-ms")
+			b.ReportMetric(float64(measure.Percentile(ttft, 99).Milliseconds()), "ttft-p99-ms")
+			b.ReportMetric(float64(tokens)/took.Seconds(), "background-tok/s")
+			b.ReportMetric(0, "ns/op")
+		})
+	}
+}
