@@ -155,7 +155,7 @@ func (s *Server) generateMany(ctx *fasthttp.RequestCtx, c *completion, submit su
 		total.PromptTokensDetails.CachedTokens += u.PromptTokensDetails.CachedTokens
 	}
 	o.Usage = &total
-	s.metrics.ttft.WithLabelValues(c.endpoint).Observe(time.Since(c.start).Seconds())
+	s.observeTTFT(c, time.Since(c.start))
 	writeJSON(ctx, fasthttp.StatusOK, o)
 }
 

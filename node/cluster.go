@@ -53,9 +53,10 @@ type Cluster interface {
 	Models() []routing.ModelInfo
 	Serves(model string) bool
 	// View is the cluster as this node sees it; Happenings its recent events, then new
-	// ones until stop.
+	// ones until stop; Happened records one of this node's (an alert).
 	View(points int) routing.View
 	Happenings() (recent []routing.Happening, next <-chan routing.Happening, stop func())
+	Happened(kind, detail string)
 	Collectors() []prometheus.Collector
 }
 
@@ -131,6 +132,7 @@ func (standalone) View(int) routing.View { return routing.View{} }
 func (s standalone) Collectors() []prometheus.Collector {
 	return append(s.stored.Collectors(), s.quota.Collectors()...)
 }
+func (standalone) Happened(string, string) {}
 func (standalone) Happenings() ([]routing.Happening, <-chan routing.Happening, func()) {
 	return nil, nil, func() {}
 }

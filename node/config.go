@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/infernode/infernode/internal/validate"
+	"github.com/infernode/infernode/node/anomaly"
 )
 
 // Config configures a Server. Build one with DefaultConfig and change what you need.
@@ -84,6 +85,9 @@ type Config struct {
 	// DrainTimeout is how long a shutdown lets running requests finish before canceling
 	// them. Default 30s.
 	DrainTimeout time.Duration
+	// Anomaly configures latency alerts (rolling z-scores of this node's first-token and
+	// inter-token times against its own past).
+	Anomaly anomaly.Config
 	// Logger receives the server's logs. Nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -105,6 +109,7 @@ func DefaultConfig() Config {
 		ReadTimeout:    30 * time.Second, // slowloris bound
 		IdleTimeout:    2 * time.Minute,  // keep-alive for clients and peer pools
 		DrainTimeout:   30 * time.Second, // most answers finish well within this
+		Anomaly:        anomaly.DefaultConfig(),
 	}
 }
 
@@ -128,5 +133,8 @@ func (c Config) Validate() error {
 	p.Positive("read timeout", c.ReadTimeout)
 	p.Positive("idle timeout", c.IdleTimeout)
 	p.Positive("drain timeout", c.DrainTimeout)
+	if err := c.Anomaly.Validate(); err != nil {
+		p.Check(false, "%v", err)
+	}
 	return p.Err()
 }

@@ -377,7 +377,7 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, c *completion, submit submit
 		writeError(ctx, err)
 		return
 	}
-	s.metrics.ttft.WithLabelValues(c.endpoint).Observe(time.Since(c.start).Seconds())
+	s.observeTTFT(c, time.Since(c.start))
 	s.setGenerationHeaders(ctx, st)
 	s.countTurn(c, st)
 	s.streamBody(ctx, "text/event-stream", true, cancel, done, func(sse *sseWriter) error {
@@ -504,9 +504,9 @@ func (s *Server) collect(st infer.Stream, c *completion) (string, infer.Result, 
 func (s *Server) observePiece(c *completion, last *time.Time) {
 	now := time.Now()
 	if last.IsZero() {
-		s.metrics.ttft.WithLabelValues(c.endpoint).Observe(now.Sub(c.start).Seconds())
+		s.observeTTFT(c, now.Sub(c.start))
 	} else {
-		s.metrics.itl.Observe(now.Sub(*last).Seconds())
+		s.observeITL(now.Sub(*last))
 	}
 	*last = now
 }
@@ -595,7 +595,7 @@ func (s *Server) relay(sse *sseWriter, st infer.Stream, first string, firstErr e
 		}
 		piece, err = st.Recv()
 		if piece != "" {
-			s.metrics.itl.Observe(time.Since(last).Seconds())
+			s.observeITL(time.Since(last))
 			last = time.Now()
 		}
 	}

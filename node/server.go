@@ -54,6 +54,7 @@ type Server struct {
 	feeds     atomic.Int64            // event feeds open
 	keys      atomic.Pointer[keyring] // the key file's (see tenants.go)
 	ids       idMinter                // stored responses' ids (see ids.go)
+	alerts    *alerts                 // latency anomalies (see alerts.go)
 	created   int64
 	// stopFeeds is closed when the server shuts down: event feeds (GET /v1/events) end.
 	stopFeeds chan struct{}
@@ -115,6 +116,7 @@ func New(cfg Config, engine Engine, cluster Cluster) (*Server, error) {
 		cluster.Quota().SetLimits(limits)
 	}
 	s.metrics.reg.MustRegister(cluster.Collectors()...)
+	s.alerts = newAlerts(cfg.Anomaly, s.metrics.reg)
 	s.base, s.cancelBase = context.WithCancel(context.Background())
 	s.promh = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}))
 	s.routes = s.routeTable()

@@ -113,6 +113,7 @@ func parse(args []string, stderr io.Writer) (options, error) {
 		fs.PrintDefaults()
 	}
 	var logFormat, logLevel, maxBody, network string
+	var anomalyWindow time.Duration
 	fs.StringVar(&ec.ModelPath, "model", "", "GGUF model file to serve (required)")
 	fs.StringVar(&nc.ModelName, "model-name", "", "model id clients use (default: the file name without .gguf)")
 	fs.StringVar(&nc.ID, "id", "", "node id shown in X-Infernode-Node and logs (default: host-port)")
@@ -157,6 +158,9 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.Float64Var(&rc.KV.Bandwidth, "kv-bandwidth", rc.KV.Bandwidth, "Mbit/s this node's KV transfers may use together (0: unbounded)")
 	fs.DurationVar(&rc.Stored.TTL, "responses-ttl", rc.Stored.TTL, "how long a stored Responses API response is kept")
 	fs.Int64Var(&rc.Stored.MaxBytes, "responses-bytes", rc.Stored.MaxBytes, "bytes of stored responses a node keeps; past it the least recently used go")
+	fs.Float64Var(&nc.Anomaly.Threshold, "anomaly-threshold", nc.Anomaly.Threshold, "z-score of a latency against this node's own past that raises an alert")
+	fs.DurationVar(&anomalyWindow, "anomaly-window", time.Duration(nc.Anomaly.Window)*nc.Anomaly.Bucket, "how much of its own past a latency is compared with (10s buckets)")
+	fs.DurationVar(&nc.Anomaly.Cooldown, "anomaly-cooldown", nc.Anomaly.Cooldown, "the quiet after a latency alert: one bad minute is one alert")
 	fs.StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
@@ -216,6 +220,8 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	}
 	opts.node.MaxBodyBytes = n
 	opts.node.DefaultMaxTokens = opts.engine.DefaultMaxTokens // what a request without max_tokens is charged
+	opts.node.Anomaly.Window = int(anomalyWindow / opts.node.Anomaly.Bucket)
+	opts.node.Anomaly.MinBuckets = min(opts.node.Anomaly.MinBuckets, opts.node.Anomaly.Window)
 	if opts.engine.ModelPath == "" {
 		errs = append(errs, errors.New("--model is required (make model writes the default test model)"))
 	}

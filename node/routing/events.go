@@ -49,6 +49,9 @@ func (h *happenings) add(kind, peer, detail string) {
 	}
 }
 
+// Happened records an event of this node's own (kind "anomaly": a latency alert).
+func (r *Router) Happened(kind, detail string) { r.v.events.add(kind, r.cfg.Self, detail) }
+
 // Happenings returns what happened lately, oldest first, and subscribes to what happens
 // next until stop is called.
 func (r *Router) Happenings() (recent []Happening, next <-chan Happening, stop func()) {
