@@ -17,10 +17,12 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -114,6 +116,7 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	}
 	var logFormat, logLevel, maxBody, network string
 	var anomalyWindow time.Duration
+	var scaleHook string
 	fs.StringVar(&ec.ModelPath, "model", "", "GGUF model file to serve (required)")
 	fs.StringVar(&nc.ModelName, "model-name", "", "model id clients use (default: the file name without .gguf)")
 	fs.StringVar(&nc.ID, "id", "", "node id shown in X-Infernode-Node and logs (default: host-port)")
@@ -158,6 +161,12 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.Float64Var(&rc.KV.Bandwidth, "kv-bandwidth", rc.KV.Bandwidth, "Mbit/s this node's KV transfers may use together (0: unbounded)")
 	fs.DurationVar(&rc.Stored.TTL, "responses-ttl", rc.Stored.TTL, "how long a stored Responses API response is kept")
 	fs.Int64Var(&rc.Stored.MaxBytes, "responses-bytes", rc.Stored.MaxBytes, "bytes of stored responses a node keeps; past it the least recently used go")
+	fs.StringVar(&scaleHook, "scale-hook", "", "command run (sh -c) when the autoscaler wants another node count, on the one node that fires it,\nwith INFERNODE_CURRENT_NODES and INFERNODE_DESIRED_NODES set (deploy/kubernetes/scale-hook.sh scales the StatefulSet)")
+	fs.IntVar(&rc.Scale.Min, "scale-min", rc.Scale.Min, "fewest nodes the autoscaler asks for")
+	fs.IntVar(&rc.Scale.Max, "scale-max", rc.Scale.Max, "most nodes the autoscaler asks for")
+	fs.Float64Var(&rc.Scale.Queue, "scale-queue", rc.Scale.Queue, "the autoscaler's set point: requests waiting per node")
+	fs.DurationVar(&rc.Scale.UpCooldown, "scale-up-cooldown", rc.Scale.UpCooldown, "the least time from a change of the wanted node count to a rise")
+	fs.DurationVar(&rc.Scale.DownCooldown, "scale-down-cooldown", rc.Scale.DownCooldown, "the least time from a change of the wanted node count to a fall")
 	fs.Float64Var(&nc.Anomaly.Threshold, "anomaly-threshold", nc.Anomaly.Threshold, "z-score of a latency against this node's own past that raises an alert")
 	fs.DurationVar(&anomalyWindow, "anomaly-window", time.Duration(nc.Anomaly.Window)*nc.Anomaly.Bucket, "how much of its own past a latency is compared with (10s buckets)")
 	fs.DurationVar(&nc.Anomaly.Cooldown, "anomaly-cooldown", nc.Anomaly.Cooldown, "the quiet after a latency alert: one bad minute is one alert")
@@ -220,6 +229,9 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	}
 	opts.node.MaxBodyBytes = n
 	opts.node.DefaultMaxTokens = opts.engine.DefaultMaxTokens // what a request without max_tokens is charged
+	if scaleHook != "" {
+		opts.routing.ScaleHook = runScaleHook(scaleHook)
+	}
 	opts.node.Anomaly.Window = int(anomalyWindow / opts.node.Anomaly.Bucket)
 	opts.node.Anomaly.MinBuckets = min(opts.node.Anomaly.MinBuckets, opts.node.Anomaly.Window)
 	if opts.engine.ModelPath == "" {
@@ -267,6 +279,22 @@ func (o *options) secure(secret, accept, gossipKey string, insecure bool) error 
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// runScaleHook runs command, through sh, with the current and desired node counts in its
+// environment, one run at a time, for at most a minute; its output goes to the log.
+func runScaleHook(command string) func(ctx context.Context, current, desired int) {
+	var mu sync.Mutex
+	return func(ctx context.Context, current, desired int) {
+		mu.Lock()
+		defer mu.Unlock()
+		ctx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, "sh", "-c", command)
+		cmd.Env = append(os.Environ(), fmt.Sprintf("INFERNODE_CURRENT_NODES=%d", current), fmt.Sprintf("INFERNODE_DESIRED_NODES=%d", desired))
+		out, err := cmd.CombinedOutput()
+		slog.Info("scale hook", "current", current, "desired", desired, "err", err, "output", strings.TrimSpace(string(out)))
+	}
 }
 
 // deriveKeys derives the hop signing key and the gossip encryption key from a cluster

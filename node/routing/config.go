@@ -1,6 +1,7 @@
 package routing
 
 import (
+	"context"
 	"log/slog"
 	"net/http"
 	"time"
@@ -8,6 +9,7 @@ import (
 	"github.com/infernode/infernode/internal/validate"
 	"github.com/infernode/infernode/node/gray"
 	"github.com/infernode/infernode/node/kvmove"
+	"github.com/infernode/infernode/node/scale"
 	"github.com/infernode/infernode/node/stored"
 	"github.com/infernode/infernode/ring"
 )
@@ -70,6 +72,11 @@ type Config struct {
 	MaxLine int
 	// KV configures the movement of conversations' KV caches between nodes.
 	KV kvmove.Config
+	// Scale configures the autoscaling controller (see node/scale); ScaleHook, if set, is
+	// called (in a goroutine of its own) with the ring's node count and the count wanted,
+	// on the one node that owns the autoscaling key, when they differ.
+	Scale     scale.Config
+	ScaleHook func(ctx context.Context, current, desired int)
 	// Stored configures the Responses API's stored responses (kept like KV: on the owner
 	// and its heirs).
 	Stored stored.Config
@@ -108,6 +115,7 @@ func DefaultConfig() Config {
 		Ring:            ring.DefaultConfig(),
 		KV:              kvmove.DefaultConfig(),
 		Stored:          stored.DefaultConfig(),
+		Scale:           scale.DefaultConfig(),
 		Gray:            gray.DefaultConfig(),
 	}
 }
@@ -130,6 +138,9 @@ func (c Config) Validate() error {
 	check(c.Self != "", "self id is required")
 	check(c.HTTPAddr != "", "HTTP address is required")
 	check(c.Fingerprint != "", "model fingerprint is required")
+	if err := c.Scale.Validate(); err != nil {
+		check(false, "%v", err)
+	}
 	check(c.Model != "", "model name is required")
 	check(len(c.Secret) > 0 || c.Insecure, "a cluster secret is required (or run insecure, on a trusted network only)")
 	for _, k := range append([][]byte{c.Secret}, c.AcceptSecrets...) {

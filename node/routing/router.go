@@ -56,6 +56,7 @@ type Router struct {
 	kv     *kvmove.Mover
 	stored *stored.Keeper
 	quota  *quota.Quota
+	scale  *autoscaler
 
 	forwards  *prometheus.CounterVec
 	resumes   prometheus.Counter
@@ -124,6 +125,7 @@ func New(cfg Config, g Membership, local Engine) (*Router, error) {
 		return nil, err
 	}
 	r.quota = quota.New(nil, quotaRing{r}, r.hop, r.client, clock.Now, r.log)
+	r.scale = newAutoscaler(cfg.Scale)
 	if len(cfg.Secret) == 0 {
 		r.log.Warn("hops are not authenticated (insecure): anyone who reaches this node's HTTP port can submit raw requests as a peer")
 	}
@@ -132,7 +134,7 @@ func New(cfg Config, g Membership, local Engine) (*Router, error) {
 
 // Collectors are the router's Prometheus metrics.
 func (r *Router) Collectors() []prometheus.Collector {
-	return append([]prometheus.Collector{r.forwards, r.resumes, r.ringSize, r.degradedN}, append(append(r.kv.Collectors(), r.stored.Collectors()...), r.quota.Collectors()...)...)
+	return append([]prometheus.Collector{r.forwards, r.resumes, r.ringSize, r.degradedN}, append(append(append(r.kv.Collectors(), r.stored.Collectors()...), r.quota.Collectors()...), r.scale.collectors()...)...)
 }
 
 // KeepAlive is how often this node, as an owner, tells an entry node that a forwarded
@@ -162,6 +164,8 @@ func (r *Router) Run(ctx context.Context) error {
 	go r.followRing(ctx)
 	probe := time.NewTicker(r.cfg.ProbeInterval)
 	defer probe.Stop()
+	autoscale := time.NewTicker(scaleEvery)
+	defer autoscale.Stop()
 	var burst <-chan time.Time // set while a burst of membership changes gathers
 	for {
 		r.Publish()
@@ -175,6 +179,8 @@ func (r *Router) Run(ctx context.Context) error {
 		case <-burst:
 			burst = nil
 			r.v.Sync()
+		case <-autoscale.C:
+			r.autoscale(ctx)
 		case <-probe.C:
 			r.v.Sync()
 			r.v.ProbeAll(ctx)

@@ -1,0 +1,82 @@
+package routing
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/infernode/infernode/node/scale"
+)
+
+// Autoscaling without a coordinator (see node/scale): every node runs the controller on
+// the load its peers gossip, so every node computes about the same desired count (the
+// metric infernode_desired_nodes, for Kubernetes autoscalers); the owner of scaleKey on
+// the ring fires Config.ScaleHook when the count it wants differs from the ring's.
+
+// scaleKey names the node that fires the hook: whoever owns it on the ring.
+const scaleKey = "infernode:autoscale"
+
+// scaleEvery is how often the controller runs.
+const scaleEvery = 5 * time.Second
+
+type autoscaler struct {
+	ctl                     *scale.Controller
+	fired                   int // the count the hook was last asked for
+	desired, error_, output prometheus.Gauge
+}
+
+func newAutoscaler(cfg scale.Config) *autoscaler {
+	g := func(name, help string) prometheus.Gauge {
+		return prometheus.NewGauge(prometheus.GaugeOpts{Name: name, Help: help})
+	}
+	return &autoscaler{ctl: scale.New(cfg),
+		desired: g("infernode_desired_nodes", "Nodes the autoscaling controller wants for this model's ring, as this node computes it from gossiped load."),
+		error_:  g("infernode_autoscale_error", "The controller's relative error: requests waiting per node against the set point (0: within the dead band)."),
+		output:  g("infernode_autoscale_output", "The controller's output: the relative change of the node count it asks for."),
+	}
+}
+
+func (a *autoscaler) collectors() []prometheus.Collector {
+	return []prometheus.Collector{a.desired, a.error_, a.output}
+}
+
+// load is the ring's load as gossiped: its members and the requests waiting on them.
+func (r *Router) load() scale.Load {
+	rg := r.v.table.Ring()
+	st := r.local.Stats()
+	l := scale.Load{}
+	r.v.mu.Lock()
+	defer r.v.mu.Unlock()
+	for _, id := range rg.Members() {
+		l.Nodes++
+		if id == r.cfg.Self {
+			l.Waiting += st.Waiting
+			continue
+		}
+		l.Waiting += r.v.members[id].Meta.Waiting
+	}
+	return l
+}
+
+// autoscale runs the controller once, and fires the hook when this node is the one to.
+func (r *Router) autoscale(ctx context.Context) {
+	l := r.load()
+	if l.Nodes == 0 {
+		return
+	}
+	a := r.scale
+	want := a.ctl.Update(l, r.clock.Now())
+	a.desired.Set(float64(want))
+	a.error_.Set(a.ctl.Error)
+	a.output.Set(a.ctl.Output)
+	owner, ok := r.v.table.Ring().Owner(scaleKey)
+	if r.cfg.ScaleHook == nil || !ok || owner != r.cfg.Self || want == l.Nodes || want == a.fired {
+		return
+	}
+	a.fired = want
+	r.log.Info("autoscale", "nodes", l.Nodes, "desired", want, "waiting", l.Waiting, "error", a.ctl.Error)
+	r.v.events.add("autoscale", r.cfg.Self, fmt.Sprintf("%d nodes, %d wanted (%d waiting)", l.Nodes, want, l.Waiting))
+	go r.cfg.ScaleHook(ctx, l.Nodes, want)
+}

@@ -1,0 +1,114 @@
+// Package scale computes how many nodes a cluster wants, without a coordinator: a PID
+// controller on the cluster's queue depth and KV use, read from gossiped load. Every node
+// runs one on the same inputs, so every node computes about the same count (a metric that
+// Kubernetes autoscalers can read); one node, chosen deterministically (routing picks the
+// owner of a fixed key on the ring), fires the scale hook.
+//
+// The error is how far the busier of two signals is from its set point, relative to it:
+// requests waiting per node against Config.Queue, and the share of KV cells in use
+// against Config.KV. The output multiplies the current count. Around it: a dead band (an
+// error within it is none: no drift on noise), anti-windup (the integral is bounded, and
+// stops growing while the output is pinned at the minimum or the maximum), and cool-downs
+// (no rise sooner than UpCooldown after a change, no fall sooner than DownCooldown), so a
+// ramp up and down reverses at most once.
+package scale
+
+import (
+	"math"
+	"time"
+
+	"github.com/infernode/infernode/internal/validate"
+)
+
+// Config configures a controller. Build one with DefaultConfig.
+type Config struct {
+	Queue        float64       // set point: requests waiting per node. Default 2.
+	KV           float64       // set point: the share of KV cells in use. Default 0.85.
+	Kp, Ki, Kd   float64       // gains. Defaults 0.5, 0.1, 0.
+	DeadBand     float64       // a relative error within it counts as none. Default 0.25.
+	Min, Max     int           // the node counts it may ask for. Defaults 1 and 16.
+	UpCooldown   time.Duration // the least time from a change to a rise. Default 30s.
+	DownCooldown time.Duration // the least time from a change to a fall. Default 3m.
+}
+
+// DefaultConfig returns infernode's autoscaling settings.
+func DefaultConfig() Config {
+	return Config{Queue: 2, KV: 0.85, Kp: 0.5, Ki: 0.1, DeadBand: 0.25, Min: 1, Max: 16,
+		UpCooldown: 30 * time.Second, DownCooldown: 3 * time.Minute}
+}
+
+// Validate reports every problem with c at once.
+func (c Config) Validate() error {
+	p := validate.New("scale: ")
+	p.Check(c.Queue > 0, "queue set point must be above 0, got %g", c.Queue)
+	p.Check(c.KV > 0 && c.KV <= 1, "KV set point must be in (0, 1], got %g", c.KV)
+	p.Check(c.Kp >= 0 && c.Ki >= 0 && c.Kd >= 0, "gains must not be negative")
+	p.Check(c.DeadBand >= 0, "dead band must not be negative, got %g", c.DeadBand)
+	p.Check(c.Min >= 1 && c.Max >= c.Min, "node counts must satisfy 1 <= min <= max, got %d and %d", c.Min, c.Max)
+	return p.Err()
+}
+
+// Load is the cluster's load as gossiped: its nodes, the requests waiting on them, and
+// their KV cells in use and in all.
+type Load struct {
+	Nodes           int
+	Waiting         int
+	KVUsed, KVCells int
+}
+
+// Controller is one node's PID controller. It has no clock of its own; it is not safe for
+// concurrent use.
+type Controller struct {
+	cfg      Config
+	integral float64
+	lastErr  float64
+	last     time.Time // of the last update
+	changed  time.Time // when desired last changed
+	desired  int
+	// Error and Output are the last update's, for the dashboard and metrics.
+	Error, Output float64
+}
+
+// New returns a controller; cfg must be valid.
+func New(cfg Config) *Controller { return &Controller{cfg: cfg} }
+
+// Update takes the cluster's load at now and returns the node count it wants.
+func (c *Controller) Update(l Load, now time.Time) int {
+	if l.Nodes < 1 {
+		return c.desired
+	}
+	if c.desired == 0 {
+		c.desired, c.changed = clamp(l.Nodes, c.cfg.Min, c.cfg.Max), now
+	}
+	e := float64(l.Waiting)/float64(l.Nodes)/c.cfg.Queue - 1
+	if l.KVCells > 0 {
+		e = math.Max(e, float64(l.KVUsed)/float64(l.KVCells)/c.cfg.KV-1)
+	}
+	if math.Abs(e) < c.cfg.DeadBand {
+		e = 0
+	}
+	dt := 1.0
+	if !c.last.IsZero() {
+		dt = math.Max(now.Sub(c.last).Seconds(), 1e-3)
+	}
+	derivative := (e - c.lastErr) / dt
+	c.last, c.lastErr = now, e
+	integral := math.Max(-2, math.Min(2, c.integral+e*dt/60)) // per minute of error, bounded
+	u := c.cfg.Kp*e + c.cfg.Ki*integral + c.cfg.Kd*derivative
+	want := clamp(int(math.Round(float64(l.Nodes)*(1+u))), c.cfg.Min, c.cfg.Max)
+	// Anti-windup: the integral holds while the output is pinned and the error would push
+	// it further.
+	pinned := (want == c.cfg.Max && e > 0) || (want == c.cfg.Min && e < 0)
+	if !pinned {
+		c.integral = integral
+	}
+	c.Error, c.Output = e, u
+	switch {
+	case want > c.desired && now.Sub(c.changed) >= c.cfg.UpCooldown,
+		want < c.desired && now.Sub(c.changed) >= c.cfg.DownCooldown:
+		c.desired, c.changed = want, now
+	}
+	return c.desired
+}
+
+func clamp(n, lo, hi int) int { return max(lo, min(hi, n)) }

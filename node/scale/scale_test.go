@@ -1,0 +1,92 @@
+package scale
+
+import (
+	"testing"
+	"time"
+)
+
+// TestRampUpAndDown: a load ramp from half a node's set point to four times it and back,
+// on a cluster that follows the controller: it scales out while the queue stays above its
+// set point, holds in the dead band, scales in after the load falls, and reverses once.
+func TestRampUpAndDown(t *testing.T) {
+	cfg := DefaultConfig()
+	c := New(cfg)
+	now := time.Unix(0, 0)
+	nodes := 1
+	var counts []int
+	// The plant: offered load in nodes' worth of work; a node's queue stands at the set
+	// point when it gets one node's worth, in proportion otherwise.
+	step := func(offered float64) {
+		nodes = c.Update(Load{Nodes: nodes, Waiting: int(offered * cfg.Queue)}, now)
+		now = now.Add(5 * time.Second)
+		if len(counts) == 0 || counts[len(counts)-1] != nodes {
+			counts = append(counts, nodes)
+		}
+	}
+	for range 36 { // 3 minutes at half the set point: nothing moves
+		step(0.5)
+	}
+	if nodes != 1 {
+		t.Fatalf("at half the set point the cluster grew to %d", nodes)
+	}
+	for range 120 { // 10 minutes at four times one node's capacity
+		step(4)
+	}
+	peak := nodes
+	if peak < 3 {
+		t.Fatalf("at four times the set point: %d nodes (counts %v)", peak, counts)
+	}
+	for range 120 { // back down
+		step(0.5)
+	}
+	if nodes >= peak {
+		t.Fatalf("after the load fell: %d nodes (counts %v)", nodes, counts)
+	}
+	reversals := 0
+	for i := 2; i < len(counts); i++ {
+		if (counts[i]-counts[i-1])*(counts[i-1]-counts[i-2]) < 0 {
+			reversals++
+		}
+	}
+	if reversals > 1 {
+		t.Errorf("%d reversals: %v", reversals, counts)
+	}
+	t.Logf("node counts: %v", counts)
+}
+
+// TestAntiWindup: pinned at the maximum under a long overload, the controller comes down
+// within 30 s once the load is gone (an integral that wound up would hold it up for
+// minutes).
+func TestAntiWindup(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Max, cfg.Ki = 3, 1 // an integral that wound up to its bound would hold the output up
+	c := New(cfg)
+	now := time.Unix(0, 0)
+	for range 720 { // an hour of far too much load
+		c.Update(Load{Nodes: 3, Waiting: 300}, now)
+		now = now.Add(5 * time.Second)
+	}
+	var d int
+	for i := range 6 {
+		d = c.Update(Load{Nodes: 3}, now)
+		now = now.Add(5 * time.Second)
+		if d < 3 {
+			t.Logf("scaled in %v after the load ended", time.Duration(i)*5*time.Second)
+			return
+		}
+	}
+	t.Errorf("still %d nodes 30 s after the load ended (the integral wound up)", d)
+}
+
+// TestCooldown: a change is not followed by another within the cool-downs.
+func TestCooldown(t *testing.T) {
+	c := New(DefaultConfig())
+	now := time.Unix(0, 0)
+	first := c.Update(Load{Nodes: 2, Waiting: 40}, now)
+	if d := c.Update(Load{Nodes: 2, Waiting: 40}, now.Add(10*time.Second)); d != first {
+		t.Errorf("changed %d -> %d 10 s apart (up cool-down 30 s)", first, d)
+	}
+	if d := c.Update(Load{Nodes: 2, Waiting: 40}, now.Add(40*time.Second)); d <= 2 {
+		t.Errorf("no rise past the cool-down under load: %d", d)
+	}
+}
