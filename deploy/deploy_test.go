@@ -5,9 +5,12 @@ package deploy
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"io"
+	"io/fs"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -191,4 +194,44 @@ func TestSystemd(t *testing.T) {
 		t.Fatal("no ExecStart")
 	}
 	checkArgs(t, "the unit's ExecStart", strings.Fields(exec[1]), known)
+}
+
+// TestGrafana: the Grafana dashboard parses and queries only metrics infernode exports
+// (their names read from the source).
+func TestGrafana(t *testing.T) {
+	b, err := os.ReadFile("grafana/infernode.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash struct {
+		Panels []struct {
+			Title   string
+			Targets []struct{ Expr string }
+		}
+	}
+	if err := json.Unmarshal(b, &dash); err != nil || len(dash.Panels) == 0 {
+		t.Fatalf("grafana/infernode.json: %v", err)
+	}
+	exported := map[string]bool{}
+	name := regexp.MustCompile(`"(infernode_[a-z_]+)"`)
+	filepath.WalkDir("../node", func(path string, d fs.DirEntry, err error) error {
+		if err == nil && strings.HasSuffix(path, ".go") && !strings.HasSuffix(path, "_test.go") {
+			src, _ := os.ReadFile(path)
+			for _, m := range name.FindAllSubmatch(src, -1) {
+				exported[string(m[1])] = true
+			}
+		}
+		return nil
+	})
+	used := regexp.MustCompile(`infernode_[a-z_]+`)
+	for _, p := range dash.Panels {
+		for _, q := range p.Targets {
+			for _, m := range used.FindAllString(q.Expr, -1) {
+				base := strings.TrimSuffix(strings.TrimSuffix(m, "_bucket"), "_count")
+				if !exported[base] {
+					t.Errorf("panel %q queries %s, which infernode does not export", p.Title, m)
+				}
+			}
+		}
+	}
 }

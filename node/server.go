@@ -20,6 +20,7 @@ import (
 
 	"github.com/infernode/infernode/node/hop"
 	"github.com/infernode/infernode/node/quota"
+	"github.com/infernode/infernode/node/routing"
 	"github.com/infernode/infernode/session/infer"
 )
 
@@ -408,7 +409,12 @@ func (s *Server) handleCluster(ctx *fasthttp.RequestCtx) {
 		}
 		points = n
 	}
-	writeJSON(ctx, fasthttp.StatusOK, s.cluster.View(points))
+	// The cluster as routing sees it, and this node's latency lately (the last 10 s
+	// bucket's means, in seconds), for the dashboard's charts.
+	writeJSON(ctx, fasthttp.StatusOK, struct {
+		routing.View
+		Latency map[string]float64 `json:"latency"`
+	}{s.cluster.View(points), map[string]float64{seriesTTFT: s.alerts.d.Last(seriesTTFT), seriesITL: s.alerts.d.Last(seriesITL)}})
 }
 
 type modelObject struct {

@@ -123,6 +123,16 @@ func (d *Detector) close(name string, s *series, now time.Time) *Alert {
 	return alert
 }
 
+// Last is series name's last closed bucket's mean (0 before one).
+func (d *Detector) Last(name string) float64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if s := d.series[name]; s != nil && len(s.past) > 0 {
+		return s.past[len(s.past)-1]
+	}
+	return 0
+}
+
 // Z is series name's last closed bucket's z-score (0 until it is calibrated).
 func (d *Detector) Z(name string) float64 {
 	d.mu.Lock()

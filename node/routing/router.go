@@ -223,6 +223,18 @@ type View struct {
 	// Ring is this node's ring drawn coarsely: the owner at each of a number of points
 	// evenly spaced around it (View's argument; none by default).
 	Ring []string `json:"ring,omitempty"`
+	// Autoscale is the autoscaling controller's last run here: its inputs and output.
+	Autoscale AutoscaleView `json:"autoscale"`
+}
+
+// AutoscaleView is the controller's inputs (the ring's nodes and the requests waiting on
+// them) and output (the relative change it asks for, and the node count it wants).
+type AutoscaleView struct {
+	Nodes   int     `json:"nodes"`
+	Waiting int     `json:"waiting"`
+	Desired int     `json:"desired"`
+	Error   float64 `json:"error"`
+	Output  float64 `json:"output"`
 }
 
 // MemberView is one member in View.
@@ -259,7 +271,11 @@ func (r *Router) Peer(ip netip.Addr) bool { return r.v.peer(ip) }
 // points places (0: not drawn).
 func (r *Router) View(points int) View {
 	ready, _ := r.Ready()
-	return r.v.View(points, ready)
+	v := r.v.View(points, ready)
+	r.scale.mu.Lock()
+	v.Autoscale = r.scale.last
+	r.scale.mu.Unlock()
+	return v
 }
 
 // Models lists the models the cluster serves, this node's first, then by id.

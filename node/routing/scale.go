@@ -3,6 +3,7 @@ package routing
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -25,6 +26,9 @@ type autoscaler struct {
 	ctl                     *scale.Controller
 	fired                   int // the count the hook was last asked for
 	desired, error_, output prometheus.Gauge
+
+	mu   sync.Mutex
+	last AutoscaleView // the last run's, for View
 }
 
 func newAutoscaler(cfg scale.Config) *autoscaler {
@@ -71,6 +75,9 @@ func (r *Router) autoscale(ctx context.Context) {
 	a.desired.Set(float64(want))
 	a.error_.Set(a.ctl.Error)
 	a.output.Set(a.ctl.Output)
+	a.mu.Lock()
+	a.last = AutoscaleView{Nodes: l.Nodes, Waiting: l.Waiting, Desired: want, Error: a.ctl.Error, Output: a.ctl.Output}
+	a.mu.Unlock()
 	owner, ok := r.v.table.Ring().Owner(scaleKey)
 	if r.cfg.ScaleHook == nil || !ok || owner != r.cfg.Self || want == l.Nodes || want == a.fired {
 		return
