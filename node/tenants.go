@@ -1,18 +1,17 @@
 package node
 
 import (
-	"bufio"
 	"bytes"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
+	"errors"
 	"fmt"
-	"os"
 	"regexp"
-	"strings"
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/infernode/infernode/internal/conffile"
 	"github.com/infernode/infernode/node/quota"
 )
 
@@ -37,33 +36,24 @@ type keyring map[[32]byte]string
 
 // loadKeys reads a key file: one "KEY TENANT" a line, blank lines and # comments allowed.
 func loadKeys(path string) (keyring, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("key file: %w", err)
-	}
 	keys := keyring{}
-	sc := bufio.NewScanner(bytes.NewReader(b))
-	for n := 1; sc.Scan(); n++ {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		f := strings.Fields(line)
+	err := conffile.Read("key file", path, func(_ int, f []string) error {
 		switch {
 		case len(f) != 2:
-			return nil, fmt.Errorf("key file %s:%d: want KEY TENANT", path, n)
+			return errors.New("want KEY TENANT")
 		case len(f[0]) < minKeyLen:
-			return nil, fmt.Errorf("key file %s:%d: keys must be at least %d bytes", path, n, minKeyLen)
+			return fmt.Errorf("keys must be at least %d bytes", minKeyLen)
 		case !tenantName.MatchString(f[1]):
-			return nil, fmt.Errorf("key file %s:%d: tenant %q: names are 1-64 of A-Z a-z 0-9 . _ -", path, n, f[1])
+			return fmt.Errorf("tenant %q: names are 1-64 of A-Z a-z 0-9 . _ -", f[1])
 		}
 		h := sha256.Sum256([]byte(f[0]))
 		if _, dup := keys[h]; dup {
-			return nil, fmt.Errorf("key file %s:%d: a key listed twice", path, n)
+			return errors.New("a key listed twice")
 		}
 		keys[h] = f[1]
-	}
-	return keys, sc.Err()
+		return nil
+	})
+	return keys, err
 }
 
 // ReloadKeys reads the key file again (on SIGHUP): requests from then on are checked

@@ -1,12 +1,12 @@
 package quota
 
 import (
-	"bufio"
-	"bytes"
+	"errors"
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
+
+	"github.com/infernode/infernode/internal/conffile"
 )
 
 // Limit is what a tenant may use of a model. A zero field is no limit.
@@ -48,23 +48,13 @@ func (l Limits) Lookup(tenant, model string) Limit {
 //	beta     model=stories260K rpm=30
 //	*        rpm=10
 func Load(path string) (Limits, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("limits file: %w", err)
-	}
 	out := Limits{}
-	sc := bufio.NewScanner(bytes.NewReader(b))
-	for n := 1; sc.Scan(); n++ {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		f := strings.Fields(line)
+	err := conffile.Read("limits file", path, func(_ int, f []string) error {
 		lim, model := Limit{Burst: DefaultBurst}, "*"
 		for _, kv := range f[1:] {
 			k, v, ok := strings.Cut(kv, "=")
 			if !ok {
-				return nil, fmt.Errorf("limits file %s:%d: want key=value, got %q", path, n, kv)
+				return fmt.Errorf("want key=value, got %q", kv)
 			}
 			switch k {
 			case "model":
@@ -72,14 +62,14 @@ func Load(path string) (Limits, error) {
 				continue
 			case "priority":
 				if v != "batch" && v != "interactive" {
-					return nil, fmt.Errorf("limits file %s:%d: priority must be batch or interactive, got %q", path, n, v)
+					return fmt.Errorf("priority must be batch or interactive, got %q", v)
 				}
 				lim.Batch = v == "batch"
 				continue
 			}
 			x, err := strconv.ParseFloat(v, 64)
 			if err != nil || x < 0 {
-				return nil, fmt.Errorf("limits file %s:%d: %s must be a number >= 0, got %q", path, n, k, v)
+				return fmt.Errorf("%s must be a number >= 0, got %q", k, v)
 			}
 			switch k {
 			case "rpm":
@@ -91,17 +81,18 @@ func Load(path string) (Limits, error) {
 			case "concurrent":
 				lim.Concurrent = int(x)
 			default:
-				return nil, fmt.Errorf("limits file %s:%d: unknown setting %q (rpm, tpm, burst, concurrent, priority, model)", path, n, k)
+				return fmt.Errorf("unknown setting %q (rpm, tpm, burst, concurrent, priority, model)", k)
 			}
 		}
 		if lim.Burst <= 0 {
-			return nil, fmt.Errorf("limits file %s:%d: burst must be above 0", path, n)
+			return errors.New("burst must be above 0")
 		}
 		key := [2]string{f[0], model}
 		if _, dup := out[key]; dup {
-			return nil, fmt.Errorf("limits file %s:%d: tenant %s, model %s listed twice", path, n, f[0], model)
+			return fmt.Errorf("tenant %s, model %s listed twice", f[0], model)
 		}
 		out[key] = lim
-	}
-	return out, sc.Err()
+		return nil
+	})
+	return out, err
 }
