@@ -82,9 +82,11 @@ func TestAntiWindup(t *testing.T) {
 func TestCooldown(t *testing.T) {
 	c := New(DefaultConfig())
 	now := time.Unix(0, 0)
-	first := c.Update(Load{Nodes: 2, Waiting: 40}, now)
-	if d := c.Update(Load{Nodes: 2, Waiting: 40}, now.Add(10*time.Second)); d != first {
-		t.Errorf("changed %d -> %d 10 s apart (up cool-down 30 s)", first, d)
+	// The controller starts from the current count: a rise waits out the cool-down.
+	for _, at := range []time.Duration{0, 10 * time.Second} {
+		if d := c.Update(Load{Nodes: 2, Waiting: 40}, now.Add(at)); d != 2 {
+			t.Errorf("%v after the start: %d nodes wanted, want 2 until the up cool-down (30 s) has passed", at, d)
+		}
 	}
 	if d := c.Update(Load{Nodes: 2, Waiting: 40}, now.Add(40*time.Second)); d <= 2 {
 		t.Errorf("no rise past the cool-down under load: %d", d)
