@@ -51,7 +51,7 @@ func ShortSuite(seed uint64) []Scenario {
 		// heirs served while it was down straddle its return (it pulls them on a miss:
 		// --kv-settle holds the heirs' pushes back for 3s). The load goes on 10s, so that
 		// conversations start and end while the rings are settled again (affinity).
-		{Name: "kill-restart", Nodes: 3, Workload: longer(shortLoad(seed), 10*time.Second), Chatter: chatter(seed), MaxFailures: 12, MinResumes: 1, MinAffinity: 3, MaxNearTies: 0.35,
+		{Name: "kill-restart", Nodes: 3, Workload: longer(shortLoad(seed), 13*time.Second), Chatter: chatter(seed), MaxFailures: 12, MinResumes: 1, MinAffinity: 3, MaxNearTies: 0.35,
 			Doc: "kill -9 the owner of streams in flight, restart it 3.5s later",
 			// Room for every open conversation and its replica: an evicted replica leaves
 			// nothing to fail over to.
