@@ -149,8 +149,9 @@ func (s *Stream) pushText(text string) {
 // Continuation is the generated tokens whose pieces the text Recv has returned spells
 // exactly, and how many bytes of that text lie past them (a token's piece partly sent);
 // ok is false once some text did not spell the pieces' bytes (invalid UTF-8 replaced).
-// A stream resumed elsewhere continues from these tokens rather than from its text.
-func (s *Stream) Continuation() (ids []int32, tail int, ok bool) {
+// A stream resumed elsewhere continues from these tokens rather than from its text. Only
+// the tokens from the from-th on are returned (a reader asks for what it has not had).
+func (s *Stream) Continuation(from int) (ids []int32, tail int, ok bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	n, _ := slices.BinarySearch(s.ends, s.read+1) // the tokens ending at or before read
@@ -158,7 +159,7 @@ func (s *Stream) Continuation() (ids []int32, tail int, ok bool) {
 	if n > 0 {
 		covered = s.ends[n-1]
 	}
-	return slices.Clone(s.ids[:n]), s.read - covered, !s.inexact
+	return slices.Clone(s.ids[min(from, n):n]), s.read - covered, !s.inexact
 }
 
 // finish ends the stream. Called by the engine only, once.

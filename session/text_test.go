@@ -120,7 +120,7 @@ func TestContinuation(t *testing.T) {
 			st.push(s, tk.id, out, f.pending())
 		}
 		text, _ = st.Recv()
-		ids, tail, ok = st.Continuation()
+		ids, tail, ok = st.Continuation(0)
 		return ids, tail, ok, text
 	}
 	for _, tc := range []struct {

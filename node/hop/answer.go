@@ -22,12 +22,12 @@ type Answer struct {
 
 // continuer is a stream that knows the tokens its text spells (session.Stream).
 type continuer interface {
-	Continuation() (ids []int32, tail int, ok bool)
+	Continuation(from int) (ids []int32, tail int, ok bool)
 }
 
 type piece struct {
 	text   string
-	ids    []int32 // the tokens the text so far spells
+	ids    []int32 // the tokens the text spells that earlier pieces did not
 	tail   int
 	exact  bool
 	err    error
@@ -39,11 +39,13 @@ type piece struct {
 func NewAnswer(st infer.Stream, formatted string) *Answer {
 	a := &Answer{st: st, formatted: formatted, pieces: make(chan piece), quit: make(chan struct{})}
 	go func() {
+		got := 0 // tokens of the continuation read so far
 		for {
 			text, err := st.Recv()
 			p := piece{text: text, err: err, tokens: st.Tokens()}
-			if c, ok := st.(continuer); ok {
-				p.ids, p.tail, p.exact = c.Continuation()
+			if c, ok := st.(continuer); ok && text != "" {
+				p.ids, p.tail, p.exact = c.Continuation(got) // only the new ones: an answer's whole list each time would be quadratic
+				got += len(p.ids)
 			}
 			select {
 			case a.pieces <- p:
@@ -96,7 +98,6 @@ func (a *Answer) Write(write func(line []byte) error, keepAlive time.Duration, t
 	tick := time.NewTicker(keepAlive)
 	defer tick.Stop()
 	first := true
-	sent := 0 // tokens of the answer's continuation sent so far
 	for {
 		var p piece
 		if a.held != nil {
@@ -115,8 +116,7 @@ func (a *Answer) Write(write func(line []byte) error, keepAlive time.Duration, t
 			}
 		}
 		if p.text != "" {
-			ev := Event{Text: p.text, Tokens: p.tokens, IDs: p.ids[min(sent, len(p.ids)):], Tail: p.tail, Inexact: !p.exact}
-			sent = len(p.ids)
+			ev := Event{Text: p.text, Tokens: p.tokens, IDs: p.ids, Tail: p.tail, Inexact: !p.exact}
 			if first {
 				ev.Prompt, ev.Cached, _ = a.st.Admitted()
 				ev.Formatted, first = a.formatted, false
