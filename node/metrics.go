@@ -80,6 +80,7 @@ func newMetrics(stats func() infer.Stats) *metrics {
 			func(s infer.Stats) float64 { return s.PrefillRate }),
 		gauge("infernode_kv_replicas", "Replicas held: copies of other nodes' conversations, kept for their failover.", func(s infer.Stats) float64 { return float64(s.Replicas) }),
 		gauge("infernode_kv_cells_used", "KV cache cells holding tokens.", func(s infer.Stats) float64 { return float64(s.KVUsed) }),
+		gauge("infernode_kv_cells_active", "KV cache cells held by running requests (the autoscaler's KV input; idle conversations' cells may be evicted).", func(s infer.Stats) float64 { return float64(s.KVActive) }),
 		gauge("infernode_kv_cells_total", "KV cache cells.", func(s infer.Stats) float64 { return float64(s.KVCells) }),
 		counter("infernode_prompt_tokens_total", "Prompt tokens of admitted requests.", func(s infer.Stats) float64 { return float64(s.PromptTokens) }),
 		counter("infernode_reused_prefix_tokens_total", "Prompt tokens served from a conversation's KV cache instead of prefilled.", func(s infer.Stats) float64 { return float64(s.ReusedTokens) }),

@@ -687,3 +687,21 @@ func TestSeqContextClamp(t *testing.T) {
 		}
 	}
 }
+
+// Stats tell the KV cells of running requests (what the autoscaler reads) from those of
+// idle conversations, which may be evicted.
+func TestKVActive(t *testing.T) {
+	e := startEngine(t, nil)
+	s, err := e.Submit(t.Context(), greedy("conv", prompts(4)[3], 400))
+	if err != nil {
+		t.Fatal(err)
+	}
+	poll.Until(t, 30*time.Second, "cells held by the running request", func() bool { return e.Stats().KVActive > 0 })
+	if _, _, err := s.Collect(); err != nil {
+		t.Fatal(err)
+	}
+	poll.Until(t, 30*time.Second, "no cells held by running requests", func() bool { return e.Stats().KVActive == 0 })
+	if st := e.Stats(); st.KVUsed == 0 {
+		t.Errorf("stats %+v: the idle conversation holds no cells", st)
+	}
+}

@@ -688,7 +688,11 @@ func (e *Engine) publishStats(counters *infer.Stats) {
 	s.Sequences, s.KVCells, s.Running = len(e.slots), e.cells, len(e.jobs)
 	if e.b != nil {
 		for _, sl := range e.slots {
-			s.KVUsed += e.b.SeqPosMax(sl.seq) + 1
+			used := e.b.SeqPosMax(sl.seq) + 1
+			s.KVUsed += used
+			if sl.job != nil {
+				s.KVActive += used
+			}
 			if sl.job == nil && len(sl.tokens) > 0 {
 				s.Conversations++
 				if sl.replica {

@@ -23,6 +23,8 @@ type Meta struct {
 	Running     int    `json:"run,omitempty"`
 	Waiting     int    `json:"wait,omitempty"`
 	FreeKV      int    `json:"kvfree,omitempty"`
+	KVActive    int    `json:"kvact,omitempty"` // KV cells of running requests (the autoscaler's input)
+	KVCells     int    `json:"kv,omitempty"`    // KV cells in all
 	QueueCap    int    `json:"qcap,omitempty"` // waiting requests the node accepts before refusing
 	Prefill     int    `json:"pf,omitempty"`   // prompt tokens it prefills a second at its recent load (0: unknown)
 	Decode      int    `json:"tps,omitempty"`  // tokens it generated a second lately
@@ -35,7 +37,7 @@ type Meta struct {
 
 // withoutLoad is m with the fields that change with load zeroed.
 func (m Meta) withoutLoad() Meta {
-	m.Running, m.Waiting, m.FreeKV, m.Prefill, m.Decode = 0, 0, 0, 0, 0
+	m.Running, m.Waiting, m.FreeKV, m.KVActive, m.Prefill, m.Decode = 0, 0, 0, 0, 0, 0
 	return m
 }
 

@@ -194,7 +194,7 @@ func (r *Router) Publish() {
 	st := r.local.Stats()
 	tags, err := (Meta{
 		ID: r.cfg.Self, HTTPAddr: r.cfg.HTTPAddr, Fingerprint: r.cfg.Fingerprint, Model: r.cfg.Model, Ready: ready, Hop: hop.Versions, HopMinor: hop.Minor,
-		Running: st.Running, Waiting: st.Waiting, FreeKV: st.KVCells - st.KVUsed, QueueCap: r.cfg.QueueCap,
+		Running: st.Running, Waiting: st.Waiting, FreeKV: st.KVCells - st.KVUsed, KVActive: st.KVActive, KVCells: st.KVCells, QueueCap: r.cfg.QueueCap,
 		Prefill: int(st.PrefillRate), Decode: int(r.v.rate.update(r.clock.Now(), st.Generated)), Slow: r.v.speed.slow(),
 	}).Encode()
 	if err == nil {
@@ -232,6 +232,7 @@ type View struct {
 type AutoscaleView struct {
 	Nodes   int     `json:"nodes"`
 	Waiting int     `json:"waiting"`
+	KVUsed  float64 `json:"kv_used"` // the share of the ring's KV cells held by running requests
 	Desired int     `json:"desired"`
 	Error   float64 `json:"error"`
 	Output  float64 `json:"output"`

@@ -46,7 +46,9 @@ func (a *autoscaler) collectors() []prometheus.Collector {
 	return []prometheus.Collector{a.desired, a.error_, a.output}
 }
 
-// load is the ring's load as gossiped: its members and the requests waiting on them.
+// load is the ring's load as gossiped: its members, the requests waiting on them, and
+// their KV cells held by running requests (idle conversations' cells may be evicted, so
+// they are no reason to grow).
 func (r *Router) load() scale.Load {
 	rg := r.v.table.Ring()
 	st := r.local.Stats()
@@ -57,9 +59,14 @@ func (r *Router) load() scale.Load {
 		l.Nodes++
 		if id == r.cfg.Self {
 			l.Waiting += st.Waiting
+			l.KVUsed += st.KVActive
+			l.KVCells += st.KVCells
 			continue
 		}
-		l.Waiting += r.v.members[id].Meta.Waiting
+		m := r.v.members[id].Meta
+		l.Waiting += m.Waiting
+		l.KVUsed += m.KVActive
+		l.KVCells += m.KVCells
 	}
 	return l
 }
@@ -76,14 +83,18 @@ func (r *Router) autoscale(ctx context.Context) {
 	a.error_.Set(a.ctl.Error)
 	a.output.Set(a.ctl.Output)
 	a.mu.Lock()
-	a.last = AutoscaleView{Nodes: l.Nodes, Waiting: l.Waiting, Desired: want, Error: a.ctl.Error, Output: a.ctl.Output}
+	kv := 0.0
+	if l.KVCells > 0 {
+		kv = float64(l.KVUsed) / float64(l.KVCells)
+	}
+	a.last = AutoscaleView{Nodes: l.Nodes, Waiting: l.Waiting, KVUsed: kv, Desired: want, Error: a.ctl.Error, Output: a.ctl.Output}
 	a.mu.Unlock()
 	owner, ok := r.v.table.Ring().Owner(scaleKey)
 	if r.cfg.ScaleHook == nil || !ok || owner != r.cfg.Self || want == l.Nodes || want == a.fired {
 		return
 	}
 	a.fired = want
-	r.log.Info("autoscale", "nodes", l.Nodes, "desired", want, "waiting", l.Waiting, "error", a.ctl.Error)
+	r.log.Info("autoscale", "nodes", l.Nodes, "desired", want, "waiting", l.Waiting, "kv_used", kv, "error", a.ctl.Error)
 	r.v.events.add("autoscale", r.cfg.Self, fmt.Sprintf("%d nodes, %d wanted (%d waiting)", l.Nodes, want, l.Waiting))
 	go r.cfg.ScaleHook(ctx, l.Nodes, want)
 }

@@ -4,9 +4,9 @@
 // Kubernetes autoscalers can read); one node, chosen deterministically (routing picks the
 // owner of a fixed key on the ring), fires the scale hook.
 //
-// The error is how far the busier of two signals is from its set point, relative to it:
-// requests waiting per node against Config.Queue, and the share of KV cells in use
-// against Config.KV. The output multiplies the current count. Around it: a dead band (an
+// The error is how far the busier of two signals is from its set point: requests waiting
+// per node against Config.Queue (relative to it), and the share of KV cells held by
+// running requests against Config.KV (relative to the room between it and full). The output multiplies the current count. Around it: a dead band (an
 // error within it is none: no drift on noise), anti-windup (the integral is bounded, and
 // stops growing while the output is pinned at the minimum or the maximum), and cool-downs
 // (no rise sooner than UpCooldown after a change, no fall sooner than DownCooldown), so a
@@ -81,8 +81,12 @@ func (c *Controller) Update(l Load, now time.Time) int {
 		c.desired, c.changed = clamp(l.Nodes, c.cfg.Min, c.cfg.Max), now
 	}
 	e := float64(l.Waiting)/float64(l.Nodes)/c.cfg.Queue - 1
-	if l.KVCells > 0 {
-		e = math.Max(e, float64(l.KVUsed)/float64(l.KVCells)/c.cfg.KV-1)
+	if l.KVCells > 0 && c.cfg.KV < 1 {
+		// KV use is bounded by 1, so its error is measured against the room between the
+		// set point and full (1 when full), not against the set point, where even a full
+		// cache (1/0.85-1 = 0.18) would stay inside the dead band.
+		used := float64(l.KVUsed) / float64(l.KVCells)
+		e = math.Max(e, math.Max(-1, (used-c.cfg.KV)/(1-c.cfg.KV)))
 	}
 	if math.Abs(e) < c.cfg.DeadBand {
 		e = 0

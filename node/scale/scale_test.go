@@ -92,3 +92,25 @@ func TestCooldown(t *testing.T) {
 		t.Errorf("no rise past the cool-down under load: %d", d)
 	}
 }
+
+// TestKVPressure: with nothing waiting, a KV cache held past its set point by running
+// requests asks for more nodes, a cache under it does not, and a full one asks for more
+// than one only just over.
+func TestKVPressure(t *testing.T) {
+	want := func(used int) int {
+		cfg := DefaultConfig()
+		cfg.UpCooldown = 0
+		c := New(cfg)
+		now := time.Unix(0, 0)
+		n := 0
+		for range 3 {
+			n = c.Update(Load{Nodes: 4, KVUsed: used, KVCells: 1000}, now)
+			now = now.Add(5 * time.Second)
+		}
+		return n
+	}
+	low, over, full := want(700), want(920), want(1000)
+	if low != 4 || over <= 4 || full < over {
+		t.Errorf("4 nodes wanted %d at 70%% KV, %d at 92%%, %d at 100%%: want 4, more, at least as many again", low, over, full)
+	}
+}

@@ -320,6 +320,7 @@ type Stats struct {
 	Replicas       int // of them, copies kept for other nodes' conversations
 	KVCells        int // cells in the KV cache
 	KVUsed         int // cells holding tokens, as llama.cpp reports
+	KVActive       int // of them, cells of requests running (not idle conversations, which may be evicted)
 	PromptTokens   uint64
 	ReusedTokens   uint64 // prompt tokens served from the conversation's cache instead of prefilled
 	SharedTokens   uint64 // prompt tokens whose cells another conversation with the same beginning held
