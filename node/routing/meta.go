@@ -25,9 +25,9 @@ type Meta struct {
 	FreeKV      int    `json:"kvfree,omitempty"`
 	KVActive    int    `json:"kvact,omitempty"` // KV cells of running requests (the autoscaler's input)
 	KVCells     int    `json:"kv,omitempty"`    // KV cells in all
-	QueueCap    int    `json:"qcap,omitempty"` // waiting requests the node accepts before refusing
-	Prefill     int    `json:"pf,omitempty"`   // prompt tokens it prefills a second at its recent load (0: unknown)
-	Decode      int    `json:"tps,omitempty"`  // tokens it generated a second lately
+	QueueCap    int    `json:"qcap,omitempty"`  // waiting requests the node accepts before refusing
+	Prefill     int    `json:"pf,omitempty"`    // prompt tokens it prefills a second at its recent load (0: unknown)
+	Decode      int    `json:"tps,omitempty"`   // tokens it generated a second lately
 	Leaving     bool   `json:"leaving,omitempty"`
 	Hop         []int  `json:"hop,omitempty"`  // major versions of the hop protocol the node speaks
 	HopMinor    int    `json:"hopv,omitempty"` // the minor version of the newest (since hop 1.4; absent: 3 or less)
