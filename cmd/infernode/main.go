@@ -165,6 +165,7 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&rc.Scale.Min, "scale-min", rc.Scale.Min, "fewest nodes the autoscaler asks for")
 	fs.IntVar(&rc.Scale.Max, "scale-max", rc.Scale.Max, "most nodes the autoscaler asks for")
 	fs.Float64Var(&rc.Scale.Queue, "scale-queue", rc.Scale.Queue, "the autoscaler's set point: requests waiting per node")
+	fs.Float64Var(&rc.Scale.Busy, "scale-busy", rc.Scale.Busy, "a scale-in leaves at most this share of the cluster's sequence slots in use")
 	fs.DurationVar(&rc.Scale.UpCooldown, "scale-up-cooldown", rc.Scale.UpCooldown, "the least time from a change of the wanted node count to a rise")
 	fs.DurationVar(&rc.Scale.DownCooldown, "scale-down-cooldown", rc.Scale.DownCooldown, "the least time from a change of the wanted node count to a fall")
 	fs.Float64Var(&nc.Anomaly.Threshold, "anomaly-threshold", nc.Anomaly.Threshold, "z-score of a latency against this node's own past that raises an alert")

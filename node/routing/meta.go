@@ -26,6 +26,7 @@ type Meta struct {
 	KVActive    int    `json:"kvact,omitempty"` // KV cells of running requests (the autoscaler's input)
 	KVCells     int    `json:"kv,omitempty"`    // KV cells in all
 	QueueCap    int    `json:"qcap,omitempty"`  // waiting requests the node accepts before refusing
+	Slots       int    `json:"seq,omitempty"`   // sequence slots: requests it runs at once
 	Prefill     int    `json:"pf,omitempty"`    // prompt tokens it prefills a second at its recent load (0: unknown)
 	Decode      int    `json:"tps,omitempty"`   // tokens it generated a second lately
 	Leaving     bool   `json:"leaving,omitempty"`

@@ -194,7 +194,7 @@ func (r *Router) Publish() {
 	st := r.local.Stats()
 	tags, err := (Meta{
 		ID: r.cfg.Self, HTTPAddr: r.cfg.HTTPAddr, Fingerprint: r.cfg.Fingerprint, Model: r.cfg.Model, Ready: ready, Hop: hop.Versions, HopMinor: hop.Minor,
-		Running: st.Running, Waiting: st.Waiting, FreeKV: st.KVCells - st.KVUsed, KVActive: st.KVActive, KVCells: st.KVCells, QueueCap: r.cfg.QueueCap,
+		Running: st.Running, Waiting: st.Waiting, FreeKV: st.KVCells - st.KVUsed, KVActive: st.KVActive, KVCells: st.KVCells, QueueCap: r.cfg.QueueCap, Slots: st.Sequences,
 		Prefill: int(st.PrefillRate), Decode: int(r.v.rate.update(r.clock.Now(), st.Generated)), Slow: r.v.speed.slow(),
 	}).Encode()
 	if err == nil {

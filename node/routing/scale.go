@@ -46,9 +46,9 @@ func (a *autoscaler) collectors() []prometheus.Collector {
 	return []prometheus.Collector{a.desired, a.error_, a.output}
 }
 
-// load is the ring's load as gossiped: its members, the requests waiting on them, and
-// their KV cells held by running requests (idle conversations' cells may be evicted, so
-// they are no reason to grow).
+// load is the ring's load as gossiped: its members, the requests running and waiting on
+// them and their sequence slots, and their KV cells held by running requests (idle
+// conversations' cells may be evicted, so they are no reason to grow).
 func (r *Router) load() scale.Load {
 	rg := r.v.table.Ring()
 	st := r.local.Stats()
@@ -58,13 +58,13 @@ func (r *Router) load() scale.Load {
 	for _, id := range rg.Members() {
 		l.Nodes++
 		if id == r.cfg.Self {
-			l.Waiting += st.Waiting
+			l.Running, l.Waiting, l.Slots = l.Running+st.Running, l.Waiting+st.Waiting, l.Slots+st.Sequences
 			l.KVUsed += st.KVActive
 			l.KVCells += st.KVCells
 			continue
 		}
 		m := r.v.members[id].Meta
-		l.Waiting += m.Waiting
+		l.Running, l.Waiting, l.Slots = l.Running+m.Running, l.Waiting+m.Waiting, l.Slots+m.Slots
 		l.KVUsed += m.KVActive
 		l.KVCells += m.KVCells
 	}

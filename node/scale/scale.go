@@ -8,9 +8,11 @@
 // per node against Config.Queue (relative to it), and the share of KV cells held by
 // running requests against Config.KV (relative to the room between it and full). The output multiplies the current count. Around it: a dead band (an
 // error within it is none: no drift on noise), anti-windup (the integral is bounded, and
-// stops growing while the output is pinned at the minimum or the maximum), and cool-downs
-// (no rise sooner than UpCooldown after a change, no fall sooner than DownCooldown), so a
-// ramp up and down reverses at most once.
+// stops growing while the output is pinned at the minimum or the maximum), cool-downs (no
+// rise sooner than UpCooldown after a change, no fall sooner than DownCooldown), and a
+// floor on scale-in: an empty queue says nothing about how many nodes the running
+// requests need, so a fall stops at the fewest nodes whose sequence slots the requests in
+// the cluster would fill to at most Config.Busy. A ramp up and down reverses at most once.
 package scale
 
 import (
@@ -26,6 +28,7 @@ type Config struct {
 	KV           float64       // set point: the share of KV cells in use. Default 0.85.
 	Kp, Ki, Kd   float64       // gains. Defaults 0.5, 0.1, 0.
 	DeadBand     float64       // a relative error within it counts as none. Default 0.25.
+	Busy         float64       // a scale-in leaves at most this share of sequence slots in use. Default 0.75.
 	Min, Max     int           // the node counts it may ask for. Defaults 1 and 16.
 	UpCooldown   time.Duration // the least time from a change to a rise. Default 30s.
 	DownCooldown time.Duration // the least time from a change to a fall. Default 3m.
@@ -33,7 +36,7 @@ type Config struct {
 
 // DefaultConfig returns infernode's autoscaling settings.
 func DefaultConfig() Config {
-	return Config{Queue: 2, KV: 0.85, Kp: 0.5, Ki: 0.1, DeadBand: 0.25, Min: 1, Max: 16,
+	return Config{Queue: 2, KV: 0.85, Kp: 0.5, Ki: 0.1, DeadBand: 0.25, Busy: 0.75, Min: 1, Max: 16,
 		UpCooldown: 30 * time.Second, DownCooldown: 3 * time.Minute}
 }
 
@@ -43,17 +46,19 @@ func (c Config) Validate() error {
 	p.Check(c.Queue > 0, "queue set point must be above 0, got %g", c.Queue)
 	p.Check(c.KV > 0 && c.KV <= 1, "KV set point must be in (0, 1], got %g", c.KV)
 	p.Check(c.Kp >= 0 && c.Ki >= 0 && c.Kd >= 0, "gains must not be negative")
+	p.Check(c.Busy > 0 && c.Busy <= 1, "busy share must be in (0, 1], got %g", c.Busy)
 	p.Check(c.DeadBand >= 0, "dead band must not be negative, got %g", c.DeadBand)
 	p.Check(c.Min >= 1 && c.Max >= c.Min, "node counts must satisfy 1 <= min <= max, got %d and %d", c.Min, c.Max)
 	return p.Err()
 }
 
-// Load is the cluster's load as gossiped: its nodes, the requests waiting on them, and
-// their KV cells in use and in all.
+// Load is the cluster's load as gossiped: its nodes, the requests running and waiting on
+// them and their sequence slots, and their KV cells in use and in all.
 type Load struct {
-	Nodes           int
-	Waiting         int
-	KVUsed, KVCells int
+	Nodes            int
+	Running, Waiting int
+	Slots            int // sequence slots in all (0: unknown, no floor on scale-in)
+	KVUsed, KVCells  int
 }
 
 // Controller is one node's PID controller. It has no clock of its own; it is not safe for
@@ -100,6 +105,11 @@ func (c *Controller) Update(l Load, now time.Time) int {
 	integral := math.Max(-2, math.Min(2, c.integral+e*dt/60)) // per minute of error, bounded
 	u := c.cfg.Kp*e + c.cfg.Ki*integral + c.cfg.Kd*derivative
 	want := clamp(int(math.Round(float64(l.Nodes)*(1+u))), c.cfg.Min, c.cfg.Max)
+	if l.Slots > 0 && want < l.Nodes {
+		perNode := float64(l.Slots) / float64(l.Nodes)
+		need := int(math.Ceil(float64(l.Running+l.Waiting) / (perNode * c.cfg.Busy)))
+		want = clamp(max(want, need), c.cfg.Min, l.Nodes)
+	}
 	// Anti-windup: the integral holds while the output is pinned and the error would push
 	// it further.
 	pinned := (want == c.cfg.Max && e > 0) || (want == c.cfg.Min && e < 0)

@@ -114,3 +114,20 @@ func TestKVPressure(t *testing.T) {
 		t.Errorf("4 nodes wanted %d at 70%% KV, %d at 92%%, %d at 100%%: want 4, more, at least as many again", low, over, full)
 	}
 }
+
+// TestScaleInFloor: with nothing waiting, the controller scales in only as far as the
+// running requests allow: to the fewest nodes whose slots they fill to at most Busy.
+func TestScaleInFloor(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.DownCooldown = 0
+	c := New(cfg)
+	now := time.Unix(0, 0)
+	n := 0
+	for range 12 { // 4 nodes of 4 slots, 9 requests running: 3 nodes hold them at 75%
+		n = c.Update(Load{Nodes: 4, Running: 9, Slots: 16}, now)
+		now = now.Add(5 * time.Second)
+	}
+	if n != 3 {
+		t.Errorf("4 nodes with 9 of 16 slots busy, nothing waiting: %d wanted, want 3 (at most 75%% of the slots busy)", n)
+	}
+}
