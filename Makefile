@@ -45,7 +45,7 @@ APT_PACKAGES := nlohmann-json3-dev libstb-dev nftables iproute2 iptables
 TEST_APT_PACKAGES := chromium
 MALGO        := github.com/gen2brain/malgo@v0.11.24
 
-.PHONY: all deps test-deps flags build fuzz bench-portable bench-quant model bench-model test race lint tidy-check bench bench-http bench-cluster bench-overhead bench-compare run chaos chaos-cleanup chaos-mutants upgrade-check check-clients clean
+.PHONY: all deps test-deps flags build fuzz bench-portable bench-quant model bench-model test race lint tidy-check bench bench-http bench-cluster bench-overhead bench-compare run chaos autoscale chaos-cleanup chaos-mutants upgrade-check check-clients clean
 
 all: build
 
@@ -218,6 +218,12 @@ check-clients: build
 CHAOS_MODEL ?= ../shared/models/stories260K.gguf
 chaos: build
 	$(BIN)/testbed chaos --suite long --binary $(BIN)/infernode --model $(CHAOS_MODEL) --out .build/chaos
+
+# autoscale: the autoscaling scenario (a load ramp from 0.5x to 4x one node's capacity
+# and back; the scale hook starts and stops real nodes held to a share of one CPU, about
+# 8 minutes). Report and timeline plot go to .build/autoscale.
+autoscale: build
+	$(BIN)/testbed autoscale --binary $(BIN)/infernode --model $(CHAOS_MODEL) --out .build/autoscale
 
 # chaos-cleanup: remove namespaces and links a killed chaos run left behind.
 chaos-cleanup: build

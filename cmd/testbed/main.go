@@ -2,6 +2,7 @@
 //
 //	testbed run --nodes 3          start a local cluster (what `make run` does) until Ctrl-C
 //	testbed chaos --suite long     run chaos scenarios, print summaries, write JSON reports
+//	testbed autoscale              ramp a load up and down on a cluster that scales itself
 //	testbed cleanup                remove network namespaces left by a killed run
 package main
 
@@ -27,6 +28,8 @@ import (
 const usage = `Usage:
   testbed run [flags]      start a local cluster on loopback and keep it up until Ctrl-C
   testbed chaos [flags]    run a chaos suite against real clusters and report
+  testbed autoscale [flags] ramp a load from 0.5x to 4x one node's capacity and back on a
+                           cluster whose scale hook starts and stops CPU-limited nodes
   testbed cleanup          remove network namespaces and links left by a killed run
 `
 
@@ -40,6 +43,8 @@ func main() {
 		os.Exit(run(os.Args[2:]))
 	case "chaos":
 		os.Exit(chaos(os.Args[2:]))
+	case "autoscale":
+		os.Exit(autoscale(os.Args[2:]))
 	case "cleanup":
 		for _, prefix := range []string{"infch", "inft", "infc", "inf"} {
 			netem.Cleanup(prefix)
@@ -101,6 +106,45 @@ func chaos(args []string) int {
 		failed = failed || !rep.Passed()
 	}
 	if failed {
+		return 1
+	}
+	return 0
+}
+
+func autoscale(args []string) int {
+	fs := flag.NewFlagSet("testbed autoscale", flag.ContinueOnError)
+	binary := fs.String("binary", "bin/infernode", "infernode binary")
+	model := fs.String("model", "../shared/models/stories260K.gguf", "GGUF model for every node")
+	seed := fs.Uint64("seed", 0, "arrival seed (0: from the clock; printed)")
+	out := fs.String("out", ".build/autoscale", "directory for the report, the timeline and node logs")
+	a := testbed.DefaultAutoscale(0)
+	fs.DurationVar(&a.Stage, "stage", a.Stage, "length of each load stage")
+	fs.IntVar(&a.CPU, "cpu", a.CPU, "percent of one CPU each node gets")
+	fs.IntVar(&a.Max, "max", a.Max, "most nodes the controller may ask for")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if *seed == 0 {
+		*seed = uint64(time.Now().UnixNano())
+	}
+	a.Seed = *seed
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	os.RemoveAll(*out)
+	os.MkdirAll(*out, 0o755)
+	rep, err := testbed.RunAutoscale(ctx, testbed.Config{Binary: *binary, Model: *model, LogDir: *out,
+		Args: []string{"--log-level", "info"}}, a)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "autoscale: %v\n", err)
+		return 1
+	}
+	rep.Summary(os.Stdout)
+	if err := rep.Save(*out); err != nil {
+		fmt.Fprintf(os.Stderr, "autoscale: %v\n", err)
+		return 1
+	}
+	fmt.Printf("  report: %s, timeline: %s\n", filepath.Join(*out, "report.json"), filepath.Join(*out, "timeline.png"))
+	if !rep.Passed() {
 		return 1
 	}
 	return 0
