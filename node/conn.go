@@ -56,11 +56,14 @@ func watchConn(conn net.Conn, gone func()) (stop func()) {
 	}
 }
 
-// peerClosed reports whether the peer has closed or reset the connection.
+// peerClosed reports whether the peer has closed or reset the connection. It peeks with
+// Control, not Read: Read fails once the connection's read deadline has passed, and
+// fasthttp leaves the request's read deadline set while the handler runs, so every
+// answer outliving the read timeout looked like a client gone.
 func peerClosed(raw syscall.RawConn) bool {
 	var closed bool
 	var buf [1]byte
-	err := raw.Read(func(fd uintptr) bool {
+	err := raw.Control(func(fd uintptr) {
 		n, _, err := unix.Recvfrom(int(fd), buf[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
 		switch {
 		case n == 0 && err == nil:
@@ -68,7 +71,6 @@ func peerClosed(raw syscall.RawConn) bool {
 		case err != nil && !errors.Is(err, unix.EAGAIN):
 			closed = true // reset or another socket error
 		}
-		return true // never wait for readiness
 	})
 	return closed || err != nil
 }

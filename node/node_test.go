@@ -426,3 +426,23 @@ func TestSlowReaderCutOff(t *testing.T) {
 	}
 	t.Logf("median inter-token gap: alone %v, beside a stuck client %v", solo, normal)
 }
+
+// TestAnswerOutlastsReadTimeout: the read timeout bounds reading a request, not answering
+// it. fasthttp leaves the connection's read deadline set while the handler runs; the
+// disconnect watch must not take the passed deadline for a client gone (it did: every
+// answer, streamed or not, still running at the read timeout was canceled as
+// "client disconnected").
+func TestAnswerOutlastsReadTimeout(t *testing.T) {
+	n := startNode(t, func(c *Config, _ *session.Config) { c.ReadTimeout = 300 * time.Millisecond })
+	for _, stream := range []bool{false, true} {
+		start := time.Now()
+		resp, body := post(t, n.url+"/v1/completions", fmt.Sprintf(`{"prompt":"the river","max_tokens":1500,"stream":%v}`, stream))
+		took := time.Since(start)
+		if resp.StatusCode != 200 || strings.Contains(string(body), "error") {
+			t.Fatalf("stream %v: %d after %v: %.300s", stream, resp.StatusCode, took, body)
+		}
+		if took < time.Second {
+			t.Logf("stream %v: the answer took %v: not past the read timeout, the test proves little", stream, took)
+		}
+	}
+}

@@ -1,0 +1,58 @@
+package testbed
+
+import (
+	"slices"
+	"testing"
+	"time"
+)
+
+// The scenario's checks read its events and samples: counted right, a ramp that grows,
+// holds and shrinks reverses once; one that shrinks and grows again under the same load
+// reverses more, and fails the check.
+func TestAutoscaleChecks(t *testing.T) {
+	at := func(s int) time.Time { return time.Unix(int64(s), 0) }
+	events := []ScaleEvent{
+		{Time: at(10), Kind: "hook", Current: 1, Desired: 2}, {Time: at(10), Kind: "start", Node: "node2"},
+		{Time: at(12), Kind: "start", Node: "node3", Detail: "failed to start"},
+		{Time: at(30), Kind: "hook", Current: 2, Desired: 3}, {Time: at(30), Kind: "start", Node: "node3"},
+		{Time: at(90), Kind: "hook", Current: 3, Desired: 1}, {Time: at(90), Kind: "leave", Node: "node3"}, {Time: at(90), Kind: "leave", Node: "node2"},
+	}
+	counts := nodeCounts(events, 1)
+	if !slices.Equal(counts, []int{1, 2, 3, 2, 1}) || reversals(counts) != 1 {
+		t.Errorf("counts %v, %d reversals; want [1 2 3 2 1], 1", counts, reversals(counts))
+	}
+	if n := reversals([]int{1, 2, 3, 2, 3, 2, 1}); n != 3 {
+		t.Errorf("an oscillating ramp: %d reversals, want 3", n)
+	}
+	if up, ok := firstHook(events, func(e ScaleEvent) bool { return e.Desired > e.Current }); !ok || !up.Equal(at(10)) {
+		t.Errorf("first scale-out hook at %v", up)
+	}
+	if i := lastPeak([]float64{0.5, 1, 4, 4, 2}); i != 3 {
+		t.Errorf("last peak stage %d, want 3", i)
+	}
+	samples := []ScaleSample{{Time: at(1), Ring: 2, Waiting: 4}, {Time: at(2), Ring: 2, Waiting: 5}}
+	if over, ok := firstOver(samples, 2); !ok || !over.Equal(at(2)) {
+		t.Errorf("queue over its set point at %v, want the second sample (2.5 a node)", over)
+	}
+}
+
+// TestRecovery: the recovery time is the first second whose trailing 10 s of interactive
+// first tokens have a p99 under the target; batch requests do not count.
+func TestRecovery(t *testing.T) {
+	start := time.Unix(1000, 0)
+	rep := &AutoscaleReport{Target: 100 * time.Millisecond}
+	for s := range 40 {
+		ttft := 50 * time.Millisecond
+		if s < 20 {
+			ttft = time.Second // slow until second 20
+		}
+		for k := range 3 {
+			rep.Requests = append(rep.Requests, LoadRecord{Tenant: "web", Kind: "ok", Start: start.Add(time.Duration(s)*time.Second + time.Duration(k)*100*time.Millisecond), TTFT: ttft},
+				LoadRecord{Tenant: "bulk", Kind: "ok", Start: start.Add(time.Duration(s) * time.Second), TTFT: time.Minute})
+		}
+	}
+	back, ok := rep.underTarget(start, start.Add(40*time.Second))
+	if !ok || !back.Equal(start.Add(30*time.Second)) {
+		t.Errorf("under the target from %v (%v), want 30 s in: the window holds slow ones until then", back.Sub(start), ok)
+	}
+}
