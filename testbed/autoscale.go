@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/infernode/infernode/internal/measure"
@@ -30,9 +31,10 @@ import (
 // The autoscaling scenario (testbed autoscale): a load ramp from half of one node's
 // capacity to several times it and back, on a cluster whose scale hook the testbed
 // implements by starting and stopping real nodes, each held to a share of one CPU so that
-// on one small machine a new node really adds capacity. Three tenants: "web" (interactive,
-// no limit) carries the ramp; "trial" (interactive) and "bulk" (batch priority) are driven
-// at twice their rate limits throughout, so their limits bind for the whole run.
+// on one small machine a new node really adds capacity. Three tenants: "trial"
+// (interactive) and "bulk" (batch priority) are driven at twice their rate limits
+// throughout, so their limits bind for the whole run; "web" (interactive, no limit) makes
+// up the rest of the ramp's load.
 
 // Autoscale configures the scenario. DefaultAutoscale fills it.
 type Autoscale struct {
@@ -41,7 +43,7 @@ type Autoscale struct {
 	Max       int           // the most nodes it may ask for
 	CPU       int           // percent of one CPU each node gets
 	Sequences int           // each node's sequence slots
-	Ramp      []float64     // web's load at each stage, in multiples of one node's capacity
+	Ramp      []float64     // the load at each stage, in multiples of one node's capacity
 	Stage     time.Duration // each stage's length
 	MaxTokens int           // each answer's length
 	// SetPoint is the controller's: requests waiting per node (--scale-queue).
@@ -50,8 +52,9 @@ type Autoscale struct {
 	UpCooldown, DownCooldown time.Duration
 	// Trial and Bulk are those tenants' limits, in multiples of one node's capacity.
 	Trial, Bulk float64
-	// TTFTFactor sets the interactive first-token target: this many times the unloaded
-	// p99 (1.5: the priority classes' bound).
+	// TTFTFactor sets the interactive first-token target: this many times the p99 of
+	// interactive requests alone at half of one node's capacity (1.5: the priority
+	// classes' bound, which batch work beside them must not break).
 	TTFTFactor float64
 	// ScaleOutWithin bounds the time from the queue passing its set point to the hook
 	// asking for more nodes; RecoverWithin, from the last node added becoming ready to the
@@ -61,10 +64,10 @@ type Autoscale struct {
 
 // DefaultAutoscale is the scenario as docs/BENCHMARKS.md reports it.
 func DefaultAutoscale(seed uint64) Autoscale {
-	return Autoscale{Seed: seed, Start: 1, Max: 5, CPU: 30, Sequences: 4,
+	return Autoscale{Seed: seed, Start: 1, Max: 6, CPU: 20, Sequences: 4,
 		Ramp:  []float64{0.5, 1, 2, 3, 4, 4, 3, 2, 1, 0.5, 0.5},
-		Stage: 30 * time.Second, MaxTokens: 32, SetPoint: 2, UpCooldown: 10 * time.Second, DownCooldown: 30 * time.Second,
-		Trial: 0.15, Bulk: 0.3, TTFTFactor: 1.5, ScaleOutWithin: 20 * time.Second, RecoverWithin: 45 * time.Second}
+		Stage: 30 * time.Second, MaxTokens: 32, SetPoint: 0.5, UpCooldown: 10 * time.Second, DownCooldown: 30 * time.Second,
+		Trial: 0.1, Bulk: 0.2, TTFTFactor: 1.5, ScaleOutWithin: 20 * time.Second, RecoverWithin: 45 * time.Second}
 }
 
 // AutoscaleReport is what the scenario measured.
@@ -74,16 +77,18 @@ type AutoscaleReport struct {
 	Took     time.Duration `json:"took_ns"`
 	Config   Autoscale     `json:"config"`
 	Capacity float64       `json:"capacity_requests_per_s"` // one CPU-limited node's, closed loop
-	// Unloaded is one node's interactive first-token time, one request at a time.
-	UnloadedP50 time.Duration      `json:"unloaded_ttft_p50_ns"`
-	UnloadedP99 time.Duration      `json:"unloaded_ttft_p99_ns"`
-	Target      time.Duration      `json:"ttft_target_ns"`
-	Limits      map[string]float64 `json:"limits_rpm"`
-	Tenants     map[string]*Tenant `json:"tenants"`
-	Samples     []ScaleSample      `json:"samples"`
-	Events      []ScaleEvent       `json:"events"`
-	Requests    []LoadRecord       `json:"requests"`
-	Checks      []Check            `json:"checks"`
+	// Alone and WithBatch are one node's interactive first-token p50 and p99 at half its
+	// capacity, alone and with batch work filling the rest.
+	Alone     [2]time.Duration   `json:"interactive_ttft_alone_ns"`
+	WithBatch [2]time.Duration   `json:"interactive_ttft_with_batch_ns"`
+	BatchDone int                `json:"batch_completed_beside"`
+	Target    time.Duration      `json:"ttft_target_ns"`
+	Limits    map[string]float64 `json:"limits_rpm"`
+	Tenants   map[string]*Tenant `json:"tenants"`
+	Samples   []ScaleSample      `json:"samples"`
+	Events    []ScaleEvent       `json:"events"`
+	Requests  []LoadRecord       `json:"requests"`
+	Checks    []Check            `json:"checks"`
 }
 
 // Tenant is what one tenant sent and got.
@@ -147,16 +152,21 @@ func RunAutoscale(ctx context.Context, cfg Config, a Autoscale) (*AutoscaleRepor
 	if err := os.WriteFile(keys, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
 		return nil, err
 	}
+	batch := filepath.Join(cfg.LogDir, "batch")
+	if err := os.WriteFile(batch, []byte("bulk priority=batch\n"), 0o600); err != nil {
+		return nil, err
+	}
 	cfg.APIKey = "key-of-the-testbed-0001"
 	node := []string{"--threads", "1", "--sequences", strconv.Itoa(a.Sequences), "--ctx", "4096", "--key-file", keys}
 
-	// One node alone: its unloaded first token, and what it completes with every slot busy.
+	// One node alone: its capacity, and its interactive first tokens at half of it with
+	// and without batch work beside them.
 	one := cfg
-	one.Nodes, one.Args = 1, append(slices.Clone(cfg.Args), node...)
+	one.Nodes, one.Args = 1, append(slices.Clone(cfg.Args), append(node, "--limits", batch)...)
 	if err := rep.calibrate(ctx, one, a); err != nil {
 		return nil, err
 	}
-	rep.Target = time.Duration(a.TTFTFactor * float64(rep.UnloadedP99))
+	rep.Target = time.Duration(a.TTFTFactor * float64(rep.Alone[1]))
 	rep.Limits = map[string]float64{"trial": math.Round(a.Trial * rep.Capacity * 60), "bulk": math.Round(a.Bulk * rep.Capacity * 60)}
 	limits := filepath.Join(cfg.LogDir, "limits")
 	if err := os.WriteFile(limits, fmt.Appendf(nil, "trial rpm=%.0f\nbulk rpm=%.0f priority=batch\n", rep.Limits["trial"], rep.Limits["bulk"]), 0o600); err != nil {
@@ -199,9 +209,9 @@ func RunAutoscale(ctx context.Context, cfg Config, a Autoscale) (*AutoscaleRepor
 	return rep, nil
 }
 
-// calibrate measures one CPU-limited node: sequential requests for its unloaded first
-// token, then as many clients as it has slots for its capacity (nothing waits, so nothing
-// a controller would act on).
+// calibrate measures one CPU-limited node: its capacity with as many clients as it has
+// slots (nothing waits, so nothing a controller would act on), then interactive requests
+// arriving at half that rate, alone and with batch clients keeping every slot busy.
 func (rep *AutoscaleReport) calibrate(ctx context.Context, cfg Config, a Autoscale) error {
 	c, err := Start(ctx, cfg)
 	if err != nil {
@@ -215,38 +225,67 @@ func (rep *AutoscaleReport) calibrate(ctx context.Context, cfg Config, a Autosca
 	if !poll.Within(time.Minute, 100*time.Millisecond, n.Serving) {
 		return fmt.Errorf("calibration node not ready in a minute")
 	}
-	client := tenantClient("web")
-	var ttfts []time.Duration
-	for i := range 40 {
-		r := loadRequest(ctx, client, n, "web", fmt.Sprintf("unloaded %d", i), a.MaxTokens)
-		if r.Kind != "ok" {
-			return fmt.Errorf("calibration request: %s %s", r.Kind, r.Error)
-		}
-		if i >= 5 { // the first few warm the node
-			ttfts = append(ttfts, r.TTFT)
-		}
-	}
-	rep.UnloadedP50, rep.UnloadedP99 = measure.Percentile(ttfts, 50), measure.Percentile(ttfts, 99)
-	var done sync.WaitGroup
-	var mu sync.Mutex
-	completed := 0
-	start := time.Now()
-	for i := range a.Sequences {
-		done.Go(func() {
-			for k := 0; time.Since(start) < 20*time.Second; k++ {
-				if r := loadRequest(ctx, client, n, "web", fmt.Sprintf("capacity %d-%d", i, k), a.MaxTokens); r.Kind == "ok" {
-					mu.Lock()
-					completed++
-					mu.Unlock()
+	closed := func(tenant string, clients int, until <-chan struct{}) int {
+		var done sync.WaitGroup
+		var completed atomic.Int64
+		client := tenantClient(tenant)
+		for i := range clients {
+			done.Go(func() {
+				for k := 0; ; k++ {
+					select {
+					case <-until:
+						return
+					default:
+					}
+					if r := loadRequest(ctx, client, n, tenant, fmt.Sprintf("%s calibrates %d-%d", tenant, i, k), a.MaxTokens); r.Kind == "ok" {
+						completed.Add(1)
+					}
 				}
-			}
-		})
+			})
+		}
+		done.Wait()
+		return int(completed.Load())
 	}
-	done.Wait()
+	const phase = 20 * time.Second
+	start := time.Now()
+	timeUp := make(chan struct{})
+	time.AfterFunc(phase, func() { close(timeUp) })
+	completed := closed("web", a.Sequences, timeUp)
 	rep.Capacity = float64(completed) / time.Since(start).Seconds()
 	if rep.Capacity <= 0 {
 		return fmt.Errorf("calibration completed nothing")
 	}
+	// Interactive arrivals at half the capacity, open loop: their first tokens alone, then
+	// beside batch clients.
+	interactive := func(seed uint64) []time.Duration {
+		rng := rand.New(rand.NewPCG(a.Seed, seed))
+		client := tenantClient("web")
+		var mu sync.Mutex
+		var ttfts []time.Duration
+		var reqs sync.WaitGroup
+		start := time.Now()
+		for at := time.Duration(0); at < phase; at += time.Duration(rng.ExpFloat64() / (rep.Capacity / 2) * float64(time.Second)) {
+			time.Sleep(time.Until(start.Add(at)))
+			reqs.Go(func() {
+				if r := loadRequest(ctx, client, n, "web", fmt.Sprintf("web calibrates %d-%d", seed, at), a.MaxTokens); r.Kind == "ok" {
+					mu.Lock()
+					ttfts = append(ttfts, r.TTFT)
+					mu.Unlock()
+				}
+			})
+		}
+		reqs.Wait()
+		return ttfts
+	}
+	alone := interactive(1)
+	rep.Alone = [2]time.Duration{measure.Percentile(alone, 50), measure.Percentile(alone, 99)}
+	stop := make(chan struct{})
+	batchDone := make(chan int)
+	go func() { batchDone <- closed("bulk", 2*a.Sequences, stop) }()
+	beside := interactive(2)
+	close(stop)
+	rep.BatchDone = <-batchDone
+	rep.WithBatch = [2]time.Duration{measure.Percentile(beside, 50), measure.Percentile(beside, 99)}
 	return nil
 }
 
@@ -413,7 +452,8 @@ func (p *pool) load(ctx context.Context, rep *AutoscaleReport) []LoadRecord {
 	total := time.Duration(len(a.Ramp)) * a.Stage
 	rate := map[string]func(time.Duration) float64{
 		"web": func(at time.Duration) float64 {
-			return a.Ramp[min(len(a.Ramp)-1, int(at/a.Stage))] * rep.Capacity
+			total := a.Ramp[min(len(a.Ramp)-1, int(at/a.Stage))] * rep.Capacity
+			return max(0.1, total-(rep.Limits["trial"]+rep.Limits["bulk"])/60)
 		},
 		"trial": func(time.Duration) float64 { return 2 * rep.Limits["trial"] / 60 },
 		"bulk":  func(time.Duration) float64 { return 2 * rep.Limits["bulk"] / 60 },
@@ -584,9 +624,12 @@ func (rep *AutoscaleReport) check() {
 		web.Admitted = float64(web.Sent-web.Limited) / minutes
 	}
 
-	// Batch work does not delay interactive work beyond the bound once the cluster has
-	// the nodes it needs: interactive requests that started with no queue over the set
-	// point in the RecoverWithin before.
+	// Batch work does not delay interactive work beyond the bound: on one node at half
+	// its capacity, and in the ramp once the cluster has the nodes it needs (requests
+	// started with no queue over the set point in the RecoverWithin before).
+	add("batch beside interactive", rep.BatchDone > 0 && rep.WithBatch[1] <= rep.Target,
+		"one node, interactive at half its capacity: TTFT p99 %v alone, %v with batch clients filling the rest (%d batch answers; bound %.1fx)",
+		rep.Alone[1].Round(time.Millisecond), rep.WithBatch[1].Round(time.Millisecond), rep.BatchDone, a.TTFTFactor)
 	var settled []time.Duration
 	for _, r := range rep.Requests {
 		if r.interactive() && r.Kind == "ok" && !rep.strained(r.Start, a.RecoverWithin) {
@@ -594,8 +637,8 @@ func (rep *AutoscaleReport) check() {
 		}
 	}
 	p99 := measure.Percentile(settled, 99)
-	add("interactive under batch", len(settled) > 0 && p99 <= rep.Target, "interactive TTFT p99 %v over %d settled requests (bound %v: %.1fx the unloaded p99 %v) while bulk was admitted at %.0f a minute",
-		p99.Round(time.Millisecond), len(settled), rep.Target.Round(time.Millisecond), a.TTFTFactor, rep.UnloadedP99.Round(time.Millisecond), rep.Tenants["bulk"].admitted())
+	add("settled latency", len(settled) > 0 && p99 <= rep.Target, "interactive TTFT p99 %v over %d requests settled in the ramp (target %v) while bulk was admitted at %.0f a minute",
+		p99.Round(time.Millisecond), len(settled), rep.Target.Round(time.Millisecond), rep.Tenants["bulk"].admitted())
 }
 
 func (t *Tenant) admitted() float64 {
@@ -721,8 +764,9 @@ func (rep *AutoscaleReport) Summary(w io.Writer) {
 	}
 	a := rep.Config
 	fmt.Fprintf(w, "autoscale (seed %d): %s in %v\n", rep.Seed, verdict, rep.Took.Round(time.Second))
-	fmt.Fprintf(w, "  one node (%d%% of a CPU, %d slots): %.1f requests/s of %d tokens; unloaded TTFT p50 %v, p99 %v; target %v\n",
-		a.CPU, a.Sequences, rep.Capacity, a.MaxTokens, rep.UnloadedP50.Round(time.Millisecond), rep.UnloadedP99.Round(time.Millisecond), rep.Target.Round(time.Millisecond))
+	fmt.Fprintf(w, "  one node (%d%% of a CPU, %d slots): %.1f requests/s of %d tokens; at half that, interactive TTFT p50/p99 %v/%v alone, %v/%v beside batch; target %v\n",
+		a.CPU, a.Sequences, rep.Capacity, a.MaxTokens, rep.Alone[0].Round(time.Millisecond), rep.Alone[1].Round(time.Millisecond),
+		rep.WithBatch[0].Round(time.Millisecond), rep.WithBatch[1].Round(time.Millisecond), rep.Target.Round(time.Millisecond))
 	fmt.Fprintf(w, "  ramp %v x capacity, %v a stage; limits %v requests a minute\n", a.Ramp, a.Stage, rep.Limits)
 	for _, tenant := range []string{"web", "trial", "bulk"} {
 		if t := rep.Tenants[tenant]; t != nil {
