@@ -201,10 +201,15 @@ bench-compare: build bench-model .build/ollama
 
 # run: a local cluster of NODES nodes (HTTP 127.0.0.1:8081.., gossip 7947..), every node
 # joining through the first; Ctrl-C stops them all. MODELS=a.gguf,b.gguf makes a cluster
-# of several models: node i serves the i-th, round robin.
+# of several models: node i serves the i-th, round robin. LIMITS=1 gives the nodes the
+# example tenants and limits of deploy/examples (keys and limits); ARGS adds flags to
+# every node.
 MODELS ?=
+LIMITS ?=
+ARGS ?=
+RUN_ARGS = $(if $(LIMITS),--api-key key-of-the-operator-0001 --node-args "--key-file deploy/examples/keys --limits deploy/examples/limits $(ARGS)",--node-args "$(ARGS)")
 run: build model
-	$(BIN)/testbed run --binary $(BIN)/infernode --model $(MODEL) --models "$(MODELS)" --nodes $(NODES) --log-dir .build/logs
+	$(BIN)/testbed run --binary $(BIN)/infernode --model $(MODEL) --models "$(MODELS)" --nodes $(NODES) --log-dir .build/logs $(RUN_ARGS)
 
 # check-clients: the Vercel AI SDK, the OpenAI SDK and LangChain, unchanged, against a
 # 3-node cluster on a real model (scripts/clients/check.mjs); needs node and npm.

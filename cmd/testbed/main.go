@@ -159,6 +159,8 @@ func run(args []string) int {
 	httpPort := fs.Int("http-port", 8081, "HTTP port of the first node; node i uses port+i")
 	gossipPort := fs.Int("gossip-port", 7947, "gossip port of the first node; node i uses port+i")
 	logDir := fs.String("log-dir", "", "where node logs go (default: a temporary directory)")
+	nodeArgs := fs.String("node-args", "", "more flags for every node, separated by spaces")
+	apiKey := fs.String("api-key", "", "the operator's API key every node requires (INFERNODE_API_KEY; tenants' keys go in a --key-file)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -172,8 +174,8 @@ func run(args []string) int {
 		paths = strings.Split(*models, ",")
 	}
 	c, err := testbed.Start(ctx, testbed.Config{Binary: *binary, Model: *model, Models: paths, Nodes: *nodes,
-		HTTPPort: *httpPort, GossipPort: *gossipPort, LogDir: *logDir,
-		Args: []string{"--log-level", "info", "--threads", strconv.Itoa(threads)}})
+		HTTPPort: *httpPort, GossipPort: *gossipPort, LogDir: *logDir, APIKey: *apiKey,
+		Args: append([]string{"--log-level", "info", "--threads", strconv.Itoa(threads)}, strings.Fields(*nodeArgs)...)})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "testbed: %v\n", err)
 		return 1
@@ -197,20 +199,26 @@ func run(args []string) int {
 	}
 	first := c.Nodes[0]
 	fmt.Printf("\n%d nodes up; every ring holds all the nodes of its model (converged in %v).\n\n", len(c.Nodes), took.Round(time.Millisecond))
-	status := exec.Command(*binary, "status", "--addr", first.URL())
+	statusArgs := []string{"status", "--addr", first.URL()}
+	auth := ""
+	if *apiKey != "" {
+		statusArgs = append(statusArgs, "--api-key", *apiKey)
+		auth = " -H 'Authorization: Bearer " + *apiKey + "'"
+	}
+	status := exec.Command(*binary, statusArgs...)
 	status.Stdout, status.Stderr = os.Stdout, os.Stderr
 	status.Run()
 	fmt.Printf(`
 Send a request to any node; it runs on the conversation's owner (see X-Infernode-Node):
 
-  curl -si %s/v1/chat/completions -H 'Content-Type: application/json' \
+  curl -si %s/v1/chat/completions -H 'Content-Type: application/json'%s \
     -d '{"messages":[{"role":"user","content":"tell me about the river"}],"max_tokens":24}'
 
-The models the cluster serves: curl -s %s/v1/models (name one with "model" in a request)
-Cluster table: %s status --addr %s
+The models the cluster serves: curl -s%s %s/v1/models (name one with "model" in a request)
+Cluster table: %s
 Node logs: %s
 Ctrl-C stops every node.
-`, c.Nodes[len(c.Nodes)-1].URL(), first.URL(), *binary, first.URL(), logDirOf(*logDir))
+`, c.Nodes[len(c.Nodes)-1].URL(), auth, auth, first.URL(), strings.Join(append([]string{*binary}, statusArgs...), " "), logDirOf(*logDir))
 	<-ctx.Done()
 	fmt.Println("\nstopping...")
 	for _, n := range c.Nodes {

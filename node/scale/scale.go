@@ -9,14 +9,19 @@
 // running requests against Config.KV (relative to the room between it and full). The output multiplies the current count. Around it: a dead band (an
 // error within it is none: no drift on noise), anti-windup (the integral is bounded, and
 // stops growing while the output is pinned at the minimum or the maximum), cool-downs (no
-// rise sooner than UpCooldown after a change, no fall sooner than DownCooldown), and a
-// floor on scale-in: an empty queue says nothing about how many nodes the running
-// requests need, so a fall stops at the fewest nodes whose sequence slots the requests in
-// the cluster would fill to at most Config.Busy. A ramp up and down reverses at most once.
+// rise sooner than UpCooldown after a change, no fall sooner than DownCooldown), a rise of
+// at most double the nodes at a time (a short burst of queue asks for a huge relative
+// change: all of it at once overshoots, and the fall after it is a reversal), a fall only
+// to the most nodes wanted over the last DownCooldown (Kubernetes' scale-down
+// stabilization window: one quiet moment is no reason to shrink), and a floor on
+// scale-in: an empty queue says nothing about how many nodes the running requests need,
+// so a fall stops at the fewest nodes whose sequence slots the requests in the cluster
+// would fill to at most Config.Busy. A ramp up and down reverses at most once.
 package scale
 
 import (
 	"math"
+	"slices"
 	"time"
 
 	"github.com/infernode/infernode/internal/validate"
@@ -70,6 +75,7 @@ type Controller struct {
 	last     time.Time // of the last update
 	changed  time.Time // when desired last changed
 	desired  int
+	wants    []wanted // the counts wanted over the last DownCooldown, oldest first
 	// Error and Output are the last update's, for the dashboard and metrics.
 	Error, Output float64
 }
@@ -104,12 +110,13 @@ func (c *Controller) Update(l Load, now time.Time) int {
 	c.last, c.lastErr = now, e
 	integral := math.Max(-2, math.Min(2, c.integral+e*dt/60)) // per minute of error, bounded
 	u := c.cfg.Kp*e + c.cfg.Ki*integral + c.cfg.Kd*derivative
-	want := clamp(int(math.Round(float64(l.Nodes)*(1+u))), c.cfg.Min, c.cfg.Max)
+	want := clamp(min(int(math.Round(float64(l.Nodes)*(1+u))), 2*l.Nodes), c.cfg.Min, c.cfg.Max)
 	if l.Slots > 0 && want < l.Nodes {
 		perNode := float64(l.Slots) / float64(l.Nodes)
 		need := int(math.Ceil(float64(l.Running+l.Waiting) / (perNode * c.cfg.Busy)))
 		want = clamp(max(want, need), c.cfg.Min, l.Nodes)
 	}
+	c.wants = append(slices.DeleteFunc(c.wants, func(w wanted) bool { return now.Sub(w.at) > c.cfg.DownCooldown }), wanted{now, want})
 	// Anti-windup: the integral holds while the output is pinned and the error would push
 	// it further.
 	pinned := (want == c.cfg.Max && e > 0) || (want == c.cfg.Min && e < 0)
@@ -118,11 +125,23 @@ func (c *Controller) Update(l Load, now time.Time) int {
 	}
 	c.Error, c.Output = e, u
 	switch {
-	case want > c.desired && now.Sub(c.changed) >= c.cfg.UpCooldown,
-		want < c.desired && now.Sub(c.changed) >= c.cfg.DownCooldown:
+	case want > c.desired && now.Sub(c.changed) >= c.cfg.UpCooldown:
 		c.desired, c.changed = want, now
+	case want < c.desired && now.Sub(c.changed) >= c.cfg.DownCooldown:
+		most := 0
+		for _, w := range c.wants {
+			most = max(most, w.n)
+		}
+		if most < c.desired {
+			c.desired, c.changed = most, now
+		}
 	}
 	return c.desired
+}
+
+type wanted struct {
+	at time.Time
+	n  int
 }
 
 func clamp(n, lo, hi int) int { return max(lo, min(hi, n)) }

@@ -60,6 +60,7 @@ func TestRampUpAndDown(t *testing.T) {
 func TestAntiWindup(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.Max, cfg.Ki = 3, 1 // an integral that wound up to its bound would hold the output up
+	cfg.DownCooldown = 10 * time.Second
 	c := New(cfg)
 	now := time.Unix(0, 0)
 	for range 720 { // an hour of far too much load
@@ -129,5 +130,41 @@ func TestScaleInFloor(t *testing.T) {
 	}
 	if n != 3 {
 		t.Errorf("4 nodes with 9 of 16 slots busy, nothing waiting: %d wanted, want 3 (at most 75%% of the slots busy)", n)
+	}
+}
+
+// TestStabilization: a rise at most doubles the nodes, however long the queue; a quiet
+// moment inside the DownCooldown window does not shrink the cluster, a quiet window does.
+func TestStabilization(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.UpCooldown, cfg.DownCooldown = 0, 30*time.Second
+	c := New(cfg)
+	now := time.Unix(0, 0)
+	c.Update(Load{Nodes: 2}, now)
+	now = now.Add(time.Minute)
+	if n := c.Update(Load{Nodes: 2, Waiting: 200}, now); n != 4 {
+		t.Fatalf("2 nodes, 100 waiting a node: %d wanted, want 4 (double at most)", n)
+	}
+	c = New(cfg) // without the integral that queue left
+	c.Update(Load{Nodes: 4}, now)
+	busy := Load{Nodes: 4, Waiting: 8, Running: 16, Slots: 16} // at the set point
+	quiet := Load{Nodes: 4, Slots: 16}
+	for i := range 12 { // a minute busy with a quiet 5 s every 15 s
+		l := busy
+		if i%3 == 2 {
+			l = quiet
+		}
+		now = now.Add(5 * time.Second)
+		if n := c.Update(l, now); n != 4 {
+			t.Fatalf("step %d: %d wanted after a quiet moment, want 4", i, n)
+		}
+	}
+	n := 0
+	for range 8 { // 40 s quiet
+		now = now.Add(5 * time.Second)
+		n = c.Update(quiet, now)
+	}
+	if n >= 4 {
+		t.Errorf("still %d nodes after 40 s quiet", n)
 	}
 }
