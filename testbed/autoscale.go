@@ -77,13 +77,16 @@ type AutoscaleReport struct {
 	Took     time.Duration `json:"took_ns"`
 	Config   Autoscale     `json:"config"`
 	Capacity float64       `json:"capacity_requests_per_s"` // one CPU-limited node's, closed loop
-	// Alone and WithBatch are one node's interactive first-token p50 and p99 at half its
-	// capacity, alone and with batch work filling the rest.
+	// Alone and WithBatch are interactive first-token p50 and p99 on two nodes at half
+	// their capacity, alone and with batch work filling the rest.
 	Alone     [2]time.Duration   `json:"interactive_ttft_alone_ns"`
 	WithBatch [2]time.Duration   `json:"interactive_ttft_with_batch_ns"`
 	BatchDone int                `json:"batch_completed_beside"`
 	Target    time.Duration      `json:"ttft_target_ns"`
 	Limits    map[string]float64 `json:"limits_rpm"`
+	// Leases is what the nodes' rate limiters did, summed over every node before it left
+	// and at the end: leases granted, denied and failed (owner unreachable).
+	Leases map[string]float64 `json:"quota_leases"`
 	Tenants   map[string]*Tenant `json:"tenants"`
 	Samples   []ScaleSample      `json:"samples"`
 	Events    []ScaleEvent       `json:"events"`
@@ -143,7 +146,7 @@ var autoscaleKeys = map[string]string{"web": "key-of-tenant-web-0001", "trial": 
 // RunAutoscale measures one node's capacity, then runs the ramp on a cluster that the
 // controller grows and shrinks, and checks the outcome.
 func RunAutoscale(ctx context.Context, cfg Config, a Autoscale) (*AutoscaleReport, error) {
-	rep := &AutoscaleReport{Seed: a.Seed, Config: a, Started: time.Now(), Tenants: map[string]*Tenant{}}
+	rep := &AutoscaleReport{Seed: a.Seed, Config: a, Started: time.Now(), Tenants: map[string]*Tenant{}, Leases: map[string]float64{}}
 	keys := filepath.Join(cfg.LogDir, "keys")
 	var lines []string
 	for tenant, key := range autoscaleKeys {
@@ -159,11 +162,12 @@ func RunAutoscale(ctx context.Context, cfg Config, a Autoscale) (*AutoscaleRepor
 	cfg.APIKey = "key-of-the-testbed-0001"
 	node := []string{"--threads", "1", "--sequences", strconv.Itoa(a.Sequences), "--ctx", "4096", "--key-file", keys}
 
-	// One node alone: its capacity, and its interactive first tokens at half of it with
-	// and without batch work beside them.
-	one := cfg
-	one.Nodes, one.Args = 1, append(slices.Clone(cfg.Args), append(node, "--limits", batch)...)
-	if err := rep.calibrate(ctx, one, a); err != nil {
+	// Two nodes: what one node adds to a cluster (forwarding and KV replicas included),
+	// and interactive first tokens at half the pair's capacity with and without batch
+	// work beside them.
+	two := cfg
+	two.Nodes, two.Args = 2, append(slices.Clone(cfg.Args), append(node, "--limits", batch)...)
+	if err := rep.calibrate(ctx, two, a); err != nil {
 		return nil, err
 	}
 	rep.Target = time.Duration(a.TTFTFactor * float64(rep.Alone[1]))
@@ -204,26 +208,31 @@ func RunAutoscale(ctx context.Context, cfg Config, a Autoscale) (*AutoscaleRepor
 	stop()
 	bg.Wait()
 	p.settle()
+	for _, n := range p.active() {
+		p.countLeases(n)
+	}
 	rep.Took = time.Since(rep.Started)
 	rep.check()
 	return rep, nil
 }
 
-// calibrate measures one CPU-limited node: its capacity with as many clients as it has
-// slots (nothing waits, so nothing a controller would act on), then interactive requests
-// arriving at half that rate, alone and with batch clients keeping every slot busy.
+// calibrate measures two CPU-limited nodes: their capacity with as many clients as they
+// have slots, each client on either node (nothing waits, so nothing a controller would
+// act on); half of it is one node's. Then interactive requests arriving at one node's
+// capacity, alone and with batch clients keeping every slot busy.
 func (rep *AutoscaleReport) calibrate(ctx context.Context, cfg Config, a Autoscale) error {
 	c, err := Start(ctx, cfg)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	n := c.Nodes[0]
-	if _, err := n.LimitCPU(a.CPU); err != nil {
-		fmt.Fprintf(os.Stderr, "autoscale: %s: %v\n", n.ID, err)
+	for _, n := range c.Nodes {
+		if _, err := n.LimitCPU(a.CPU); err != nil {
+			fmt.Fprintf(os.Stderr, "autoscale: %s: %v\n", n.ID, err)
+		}
 	}
-	if !poll.Within(time.Minute, 100*time.Millisecond, n.Serving) {
-		return fmt.Errorf("calibration node not ready in a minute")
+	if _, err := c.WaitRings(ctx, c.IDs(), time.Minute); err != nil {
+		return fmt.Errorf("calibration nodes: %w", err)
 	}
 	closed := func(tenant string, clients int, until <-chan struct{}) int {
 		var done sync.WaitGroup
@@ -237,6 +246,7 @@ func (rep *AutoscaleReport) calibrate(ctx context.Context, cfg Config, a Autosca
 						return
 					default:
 					}
+					n := c.Nodes[(i+k)%len(c.Nodes)]
 					if r := loadRequest(ctx, client, n, tenant, fmt.Sprintf("%s calibrates %d-%d", tenant, i, k), a.MaxTokens); r.Kind == "ok" {
 						completed.Add(1)
 					}
@@ -250,13 +260,13 @@ func (rep *AutoscaleReport) calibrate(ctx context.Context, cfg Config, a Autosca
 	start := time.Now()
 	timeUp := make(chan struct{})
 	time.AfterFunc(phase, func() { close(timeUp) })
-	completed := closed("web", a.Sequences, timeUp)
-	rep.Capacity = float64(completed) / time.Since(start).Seconds()
+	completed := closed("web", len(c.Nodes)*a.Sequences, timeUp)
+	rep.Capacity = float64(completed) / time.Since(start).Seconds() / float64(len(c.Nodes))
 	if rep.Capacity <= 0 {
 		return fmt.Errorf("calibration completed nothing")
 	}
-	// Interactive arrivals at half the capacity, open loop: their first tokens alone, then
-	// beside batch clients.
+	// Interactive arrivals at half the pair's capacity, open loop: their first tokens
+	// alone, then beside batch clients.
 	interactive := func(seed uint64) []time.Duration {
 		rng := rand.New(rand.NewPCG(a.Seed, seed))
 		client := tenantClient("web")
@@ -264,8 +274,9 @@ func (rep *AutoscaleReport) calibrate(ctx context.Context, cfg Config, a Autosca
 		var ttfts []time.Duration
 		var reqs sync.WaitGroup
 		start := time.Now()
-		for at := time.Duration(0); at < phase; at += time.Duration(rng.ExpFloat64() / (rep.Capacity / 2) * float64(time.Second)) {
+		for at := time.Duration(0); at < phase; at += time.Duration(rng.ExpFloat64() / rep.Capacity * float64(time.Second)) {
 			time.Sleep(time.Until(start.Add(at)))
+			n := c.Nodes[rng.IntN(len(c.Nodes))]
 			reqs.Go(func() {
 				if r := loadRequest(ctx, client, n, "web", fmt.Sprintf("web calibrates %d-%d", seed, at), a.MaxTokens); r.Kind == "ok" {
 					mu.Lock()
@@ -281,7 +292,7 @@ func (rep *AutoscaleReport) calibrate(ctx context.Context, cfg Config, a Autosca
 	rep.Alone = [2]time.Duration{measure.Percentile(alone, 50), measure.Percentile(alone, 99)}
 	stop := make(chan struct{})
 	batchDone := make(chan int)
-	go func() { batchDone <- closed("bulk", 2*a.Sequences, stop) }()
+	go func() { batchDone <- closed("bulk", 2*len(c.Nodes)*a.Sequences, stop) }()
 	beside := interactive(2)
 	close(stop)
 	rep.BatchDone = <-batchDone
@@ -379,10 +390,24 @@ func (p *pool) scaleTo(ctx context.Context, want int) {
 	for i := len(active) - 1; i >= want && i > 0; i-- {
 		n := active[i]
 		p.event(ScaleEvent{Kind: "leave", Node: n.ID})
+		p.countLeases(n)
 		p.leaving.Go(func() {
 			err := n.Stop(2 * time.Minute)
 			p.event(ScaleEvent{Kind: "gone", Node: n.ID, Detail: errString(err)})
 		})
+	}
+}
+
+// countLeases adds n's rate-limit lease counts to the report.
+func (p *pool) countLeases(n *Node) {
+	for _, outcome := range []string{"granted", "denied", "failed"} {
+		v, err := p.c.Metric(n, `infernode_quota_leases_total{outcome="`+outcome+`"}`)
+		if err != nil {
+			continue
+		}
+		p.mu.Lock()
+		p.rep.Leases[outcome] += v
+		p.mu.Unlock()
 	}
 }
 
@@ -624,11 +649,11 @@ func (rep *AutoscaleReport) check() {
 		web.Admitted = float64(web.Sent-web.Limited) / minutes
 	}
 
-	// Batch work does not delay interactive work beyond the bound: on one node at half
-	// its capacity, and in the ramp once the cluster has the nodes it needs (requests
+	// Batch work does not delay interactive work beyond the bound: on two nodes at half
+	// their capacity, and in the ramp once the cluster has the nodes it needs (requests
 	// started with no queue over the set point in the RecoverWithin before).
 	add("batch beside interactive", rep.BatchDone > 0 && rep.WithBatch[1] <= rep.Target,
-		"one node, interactive at half its capacity: TTFT p99 %v alone, %v with batch clients filling the rest (%d batch answers; bound %.1fx)",
+		"two nodes, interactive at half their capacity: TTFT p99 %v alone, %v with batch clients filling the rest (%d batch answers; bound %.1fx)",
 		rep.Alone[1].Round(time.Millisecond), rep.WithBatch[1].Round(time.Millisecond), rep.BatchDone, a.TTFTFactor)
 	var settled []time.Duration
 	for _, r := range rep.Requests {
@@ -764,10 +789,10 @@ func (rep *AutoscaleReport) Summary(w io.Writer) {
 	}
 	a := rep.Config
 	fmt.Fprintf(w, "autoscale (seed %d): %s in %v\n", rep.Seed, verdict, rep.Took.Round(time.Second))
-	fmt.Fprintf(w, "  one node (%d%% of a CPU, %d slots): %.1f requests/s of %d tokens; at half that, interactive TTFT p50/p99 %v/%v alone, %v/%v beside batch; target %v\n",
+	fmt.Fprintf(w, "  a node (%d%% of a CPU, %d slots) adds %.1f requests/s of %d tokens; two at half that, interactive TTFT p50/p99 %v/%v alone, %v/%v beside batch; target %v\n",
 		a.CPU, a.Sequences, rep.Capacity, a.MaxTokens, rep.Alone[0].Round(time.Millisecond), rep.Alone[1].Round(time.Millisecond),
 		rep.WithBatch[0].Round(time.Millisecond), rep.WithBatch[1].Round(time.Millisecond), rep.Target.Round(time.Millisecond))
-	fmt.Fprintf(w, "  ramp %v x capacity, %v a stage; limits %v requests a minute\n", a.Ramp, a.Stage, rep.Limits)
+	fmt.Fprintf(w, "  ramp %v x capacity, %v a stage; limits %v requests a minute; rate-limit leases %v\n", a.Ramp, a.Stage, rep.Limits, rep.Leases)
 	for _, tenant := range []string{"web", "trial", "bulk"} {
 		if t := rep.Tenants[tenant]; t != nil {
 			fmt.Fprintf(w, "  %-5s sent %d: %d ok, %d 429, %d failed; %.0f a minute admitted\n", tenant, t.Sent, t.OK, t.Limited, t.Failed, t.Admitted)

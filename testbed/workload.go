@@ -312,7 +312,14 @@ func classify(err error) string {
 // Metric reads one metric's value (summed over label sets matching prefix) from a node. A
 // metric the node does not export is an error, never a zero.
 func (c *Cluster) Metric(n *Node, prefix string) (float64, error) {
-	resp, err := c.http.Get(n.URL() + "/metrics")
+	req, err := http.NewRequest("GET", n.URL()+"/metrics", nil)
+	if err != nil {
+		return 0, err
+	}
+	if c.cfg.APIKey != "" {
+		req.Header.Set("Authorization", "Bearer "+c.cfg.APIKey)
+	}
+	resp, err := c.http.Do(req)
 	if err != nil {
 		return 0, err
 	}
