@@ -20,7 +20,9 @@ import (
 )
 
 // LeaseTTL is how long a lease may be drawn on; LeaseSpan how many seconds of a bucket's
-// rate a node asks for beyond what the request at hand needs.
+// rate a node asks for beyond what the request at hand needs, when it asked for the key
+// within the last LeaseTTL too (a node that asks more rarely would let the extra expire
+// unused, and the cluster would admit less than the limit).
 const (
 	LeaseTTL  = time.Second
 	LeaseSpan = 0.25
@@ -95,6 +97,7 @@ type lease struct {
 	reqs, toks float64
 	expires    time.Time
 	status     Status
+	asked      time.Time // when this node last asked for the key's capacity
 }
 
 // New builds a quota with limits; a nil ring keeps every bucket here.
@@ -190,16 +193,22 @@ func (q *Quota) Admit(ctx context.Context, tenant, model string, tokens int) (*T
 		return t, nil
 	}
 	l := q.leases[key]
+	if l == nil {
+		l = &lease{}
+		q.leases[key] = l
+	}
 	haveR, haveT := 0.0, 0.0
-	if l != nil && q.now().Before(l.expires) {
+	if q.now().Before(l.expires) {
 		haveR, haveT = l.reqs, l.toks
 	}
+	ahead := boolf(q.now().Sub(l.asked) < LeaseTTL)
+	l.asked = q.now()
 	q.mu.Unlock()
 
 	ask := grant{Tenant: tenant, Model: model,
 		LeastR: math.Max(0, needR-haveR), LeastT: math.Max(0, needT-haveT)}
-	ask.MostR = ask.LeastR + lim.RPM/60*LeaseSpan*boolf(needR > 0)
-	ask.MostT = ask.LeastT + lim.TPM/60*LeaseSpan*boolf(needT > 0)
+	ask.MostR = ask.LeastR + lim.RPM/60*LeaseSpan*boolf(needR > 0)*ahead
+	ask.MostT = ask.LeastT + lim.TPM/60*LeaseSpan*boolf(needT > 0)*ahead
 	got, err := q.ask(ctx, key, ask)
 	if err != nil {
 		// The bucket's owner cannot be reached (dead, until the rings drop it): this node
@@ -223,9 +232,8 @@ func (q *Quota) Admit(ctx context.Context, tenant, model string, tokens int) (*T
 	}
 	q.leased.WithLabelValues("granted").Inc()
 	l = q.leases[key]
-	if l == nil || !q.now().Before(l.expires) {
-		l = &lease{}
-		q.leases[key] = l
+	if !q.now().Before(l.expires) {
+		l.reqs, l.toks = 0, 0
 	}
 	l.reqs, l.toks, l.expires, l.status = l.reqs+got.R, l.toks+got.T, q.now().Add(LeaseTTL), got.status(lim)
 	if !q.draw(key, needR, needT, t) {

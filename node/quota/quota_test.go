@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -208,22 +209,26 @@ func TestOwnerUnreachable(t *testing.T) {
 // TestSparseDemand: a tenant at twice its limit spread over six nodes sends each node a
 // request every few seconds, fewer than a lease holds before it expires. The leases must
 // not strand capacity (each lease a quarter second's rate more than its request needed,
-// expiring unused, drew a fifth more than was admitted: the autoscale scenario measured
-// 14% under the limit): the tenant gets its limit within 10%.
+// expiring unused, drew more than was admitted: the autoscale scenario measured 12-14%
+// under the limit): the tenant gets its limit within 10%.
 func TestSparseDemand(t *testing.T) {
 	c := &clock{t: time.Unix(1000, 0)}
 	const rpm = 60.0
 	ns := cluster(t, 6, Limits{{"trial", "*"}: {RPM: rpm, Burst: DefaultBurst}}, c)
+	rng := rand.New(rand.NewPCG(1, 2))
 	admitted := 0
-	for i := range 240 { // 120 s: two requests a second, round robin over the nodes
-		if tk, err := ns.qs[i%6].Admit(context.Background(), "trial", "m", 10); err == nil {
+	for at := time.Duration(0); at < 5*time.Minute; { // Poisson arrivals, two a second, at random nodes
+		gap := time.Duration(rng.ExpFloat64() / 2 * float64(time.Second))
+		c.Add(gap)
+		at += gap
+		if tk, err := ns.qs[rng.IntN(6)].Admit(context.Background(), "trial", "m", 10); err == nil {
 			admitted++
 			tk.Settle(10)
 		}
-		c.Add(500 * time.Millisecond)
 	}
-	want := 2*rpm + rpm/60*DefaultBurst
+	want := 5*rpm + rpm/60*DefaultBurst
 	if got := float64(admitted); got < 0.9*want || got > 1.1*want {
-		t.Errorf("admitted %v in two minutes over six nodes, want %v (±10%%)", got, want)
+		t.Errorf("admitted %v in five minutes over six nodes, want %v (±10%%)", got, want)
 	}
+	t.Logf("admitted %d, limit %v", admitted, want)
 }
