@@ -66,8 +66,8 @@ type Autoscale struct {
 func DefaultAutoscale(seed uint64) Autoscale {
 	return Autoscale{Seed: seed, Start: 1, Max: 6, CPU: 20, Sequences: 4,
 		Ramp:  []float64{0.5, 1, 2, 3, 4, 4, 3, 2, 1, 0.5, 0.5},
-		Stage: 30 * time.Second, MaxTokens: 32, SetPoint: 1, UpCooldown: 10 * time.Second, DownCooldown: 30 * time.Second,
-		Trial: 0.1, Bulk: 0.2, TTFTFactor: 1.5, ScaleOutWithin: 30 * time.Second, RecoverWithin: 45 * time.Second}
+		Stage: 30 * time.Second, MaxTokens: 32, SetPoint: 0.5, UpCooldown: 10 * time.Second, DownCooldown: 30 * time.Second,
+		Trial: 0.1, Bulk: 0.2, TTFTFactor: 1.5, ScaleOutWithin: 20 * time.Second, RecoverWithin: 45 * time.Second}
 }
 
 // AutoscaleReport is what the scenario measured.
@@ -140,12 +140,6 @@ type LoadRecord struct {
 func (r LoadRecord) limited() bool     { return r.Status == 429 }
 func (r LoadRecord) interactive() bool { return r.Tenant != "bulk" }
 
-// cpuPeriod is the period of the nodes' CPU limits: short, so that a request waits at
-// most a few milliseconds of a node's off time to be read (at 100 ms periods a node held
-// to 20% is off 80 ms at a time, and first tokens through two such nodes vary by more
-// than the latency bounds checked here).
-const cpuPeriod = 20 * time.Millisecond
-
 // autoscaleKeys are the tenants' API keys.
 var autoscaleKeys = map[string]string{"web": "key-of-tenant-web-0001", "trial": "key-of-tenant-trial-02", "bulk": "key-of-tenant-bulk-003"}
 
@@ -198,7 +192,7 @@ func RunAutoscale(ctx context.Context, cfg Config, a Autoscale) (*AutoscaleRepor
 	defer c.Close()
 	p := &pool{c: c, a: a, rep: rep}
 	for _, n := range c.Nodes {
-		if _, err := n.LimitCPUEvery(a.CPU, cpuPeriod); err != nil {
+		if _, err := n.LimitCPU(a.CPU); err != nil {
 			fmt.Fprintf(os.Stderr, "autoscale: %s: %v\n", n.ID, err)
 		}
 	}
@@ -233,7 +227,7 @@ func (rep *AutoscaleReport) calibrate(ctx context.Context, cfg Config, a Autosca
 	}
 	defer c.Close()
 	for _, n := range c.Nodes {
-		if _, err := n.LimitCPUEvery(a.CPU, cpuPeriod); err != nil {
+		if _, err := n.LimitCPU(a.CPU); err != nil {
 			fmt.Fprintf(os.Stderr, "autoscale: %s: %v\n", n.ID, err)
 		}
 	}
@@ -383,7 +377,7 @@ func (p *pool) scaleTo(ctx context.Context, want int) {
 			p.event(ScaleEvent{Kind: "start", Node: id, Detail: err.Error()})
 			return
 		}
-		if _, err := node.LimitCPUEvery(p.a.CPU, cpuPeriod); err != nil {
+		if _, err := node.LimitCPU(p.a.CPU); err != nil {
 			fmt.Fprintf(os.Stderr, "autoscale: %s: %v\n", id, err)
 		}
 		p.event(ScaleEvent{Kind: "start", Node: id})

@@ -24,12 +24,7 @@ type cpuLimit struct {
 // where the unified hierarchy has the cpu controller, else cgroup v1's CFS quota, else (no
 // writable cgroup) a SIGSTOP/SIGCONT duty cycle of 100ms periods. It returns the backend
 // used. A restart of the node, or Unlimit, lifts it.
-func (n *Node) LimitCPU(percent int) (string, error) { return n.LimitCPUEvery(percent, 100*time.Millisecond) }
-
-// LimitCPUEvery is LimitCPU with periods of period: shorter periods spread the node's
-// share finer (a request waits at most one period's off time to be read), at the cost of
-// more signals or scheduler work.
-func (n *Node) LimitCPUEvery(percent int, period time.Duration) (string, error) {
+func (n *Node) LimitCPU(percent int) (string, error) {
 	if percent < 1 || percent > 100 {
 		return "", fmt.Errorf("testbed: CPU share must be 1..100%%, got %d", percent)
 	}
@@ -43,13 +38,13 @@ func (n *Node) LimitCPUEvery(percent int, period time.Duration) (string, error) 
 		n.cpu.lift()
 		n.cpu = nil
 	}
-	periodUs := int(period.Microseconds())
-	quota := periodUs * percent / 100
+	const period = 100_000 // µs
+	quota := period * percent / 100
 	name := fmt.Sprintf("infernode-%s-%d", n.ID, pid)
 	var errs []error
 	if dir, ok := cgroupV2CPU(); ok {
 		l, err := cgroupLimit(filepath.Join(dir, name), "cgroup v2 cpu.max", pid,
-			map[string]string{"cpu.max": fmt.Sprintf("%d %d", quota, periodUs)}, filepath.Join(dir, "cgroup.procs"))
+			map[string]string{"cpu.max": fmt.Sprintf("%d %d", quota, period)}, filepath.Join(dir, "cgroup.procs"))
 		if err == nil {
 			n.cpu = l
 			return l.backend, nil
@@ -58,7 +53,7 @@ func (n *Node) LimitCPUEvery(percent int, period time.Duration) (string, error) 
 	}
 	if dir := "/sys/fs/cgroup/cpu"; writable(dir) {
 		l, err := cgroupLimit(filepath.Join(dir, name), "cgroup v1 cpu.cfs_quota_us", pid,
-			map[string]string{"cpu.cfs_period_us": strconv.Itoa(periodUs), "cpu.cfs_quota_us": strconv.Itoa(quota)},
+			map[string]string{"cpu.cfs_period_us": strconv.Itoa(period), "cpu.cfs_quota_us": strconv.Itoa(quota)},
 			filepath.Join(dir, "cgroup.procs"))
 		if err == nil {
 			n.cpu = l
@@ -66,7 +61,7 @@ func (n *Node) LimitCPUEvery(percent int, period time.Duration) (string, error) 
 		}
 		errs = append(errs, err)
 	}
-	n.cpu = dutyCycle(pid, period*time.Duration(percent)/100, period)
+	n.cpu = dutyCycle(pid, time.Duration(percent)*time.Millisecond, 100*time.Millisecond)
 	if len(errs) > 0 {
 		return n.cpu.backend, fmt.Errorf("cgroups not usable (%w); fell back to %s", errors.Join(errs...), n.cpu.backend)
 	}
