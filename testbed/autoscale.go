@@ -57,7 +57,8 @@ type Autoscale struct {
 	// classes' bound, which batch work beside them must not break).
 	TTFTFactor float64
 	// ScaleOutWithin bounds the time from the queue passing its set point to the hook
-	// asking for more nodes; RecoverWithin, from the last node added becoming ready to the
+	// asking for more nodes (the controller runs every 5 s on gossiped load, and one
+	// sample inside the dead band may pass first); RecoverWithin, from the last node added becoming ready to the
 	// interactive p99 back under its target.
 	ScaleOutWithin, RecoverWithin time.Duration
 }
@@ -67,7 +68,7 @@ func DefaultAutoscale(seed uint64) Autoscale {
 	return Autoscale{Seed: seed, Start: 1, Max: 6, CPU: 20, Sequences: 4,
 		Ramp:  []float64{0.5, 1, 2, 3, 4, 4, 3, 2, 1, 0.5, 0.5},
 		Stage: 30 * time.Second, MaxTokens: 32, SetPoint: 0.5, UpCooldown: 10 * time.Second, DownCooldown: 30 * time.Second,
-		Trial: 0.1, Bulk: 0.2, TTFTFactor: 1.5, ScaleOutWithin: 20 * time.Second, RecoverWithin: 45 * time.Second}
+		Trial: 0.1, Bulk: 0.2, TTFTFactor: 1.5, ScaleOutWithin: 30 * time.Second, RecoverWithin: 45 * time.Second}
 }
 
 // AutoscaleReport is what the scenario measured.
