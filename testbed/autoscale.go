@@ -257,7 +257,7 @@ func (rep *AutoscaleReport) calibrate(ctx context.Context, cfg Config, a Autosca
 		done.Wait()
 		return int(completed.Load())
 	}
-	const phase = 20 * time.Second
+	const phase = 40 * time.Second // long enough for a p99 of a few hundred first tokens
 	start := time.Now()
 	timeUp := make(chan struct{})
 	time.AfterFunc(phase, func() { close(timeUp) })

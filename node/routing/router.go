@@ -184,6 +184,7 @@ func (r *Router) Run(ctx context.Context) error {
 		case <-probe.C:
 			r.v.Sync()
 			r.v.ProbeAll(ctx)
+			r.scale.observe(r.load())
 		}
 	}
 }
@@ -231,7 +232,7 @@ type View struct {
 // them) and output (the relative change it asks for, and the node count it wants).
 type AutoscaleView struct {
 	Nodes   int     `json:"nodes"`
-	Waiting int     `json:"waiting"`
+	Waiting float64 `json:"waiting"` // the mean over the controller's period
 	KVUsed  float64 `json:"kv_used"` // the share of the ring's KV cells held by running requests
 	Desired int     `json:"desired"`
 	Error   float64 `json:"error"`

@@ -27,8 +27,9 @@ type autoscaler struct {
 	fired                   int // the count the hook was last asked for
 	desired, error_, output prometheus.Gauge
 
-	mu   sync.Mutex
-	last AutoscaleView // the last run's, for View
+	mu      sync.Mutex
+	last    AutoscaleView // the last run's, for View
+	samples []scale.Load  // the load since the last run, a sample a probe
 }
 
 func newAutoscaler(cfg scale.Config) *autoscaler {
@@ -58,26 +59,39 @@ func (r *Router) load() scale.Load {
 	for _, id := range rg.Members() {
 		l.Nodes++
 		if id == r.cfg.Self {
-			l.Running, l.Waiting, l.Slots = l.Running+st.Running, l.Waiting+st.Waiting, l.Slots+st.Sequences
-			l.KVUsed += st.KVActive
+			l.Running, l.Waiting, l.Slots = l.Running+float64(st.Running), l.Waiting+float64(st.Waiting), l.Slots+st.Sequences
+			l.KVUsed += float64(st.KVActive)
 			l.KVCells += st.KVCells
 			continue
 		}
 		m := r.v.members[id].Meta
-		l.Running, l.Waiting, l.Slots = l.Running+m.Running, l.Waiting+m.Waiting, l.Slots+m.Slots
-		l.KVUsed += m.KVActive
+		l.Running, l.Waiting, l.Slots = l.Running+float64(m.Running), l.Waiting+float64(m.Waiting), l.Slots+m.Slots
+		l.KVUsed += float64(m.KVActive)
 		l.KVCells += m.KVCells
 	}
 	return l
 }
 
-// autoscale runs the controller once, and fires the hook when this node is the one to.
+// observe samples the ring's load for the controller's next run.
+func (a *autoscaler) observe(l scale.Load) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.samples = append(a.samples, l)
+}
+
+// autoscale runs the controller once on the mean load since its last run (gossiped load
+// is an instant: a queue that forms and drains between two runs would otherwise decide
+// alone), and fires the hook when this node is the one to.
 func (r *Router) autoscale(ctx context.Context) {
-	l := r.load()
+	a := r.scale
+	a.observe(r.load())
+	a.mu.Lock()
+	l := scale.Mean(a.samples)
+	a.samples = a.samples[:0]
+	a.mu.Unlock()
 	if l.Nodes == 0 {
 		return
 	}
-	a := r.scale
 	want := a.ctl.Update(l, r.clock.Now())
 	a.desired.Set(float64(want))
 	a.error_.Set(a.ctl.Error)
@@ -85,7 +99,7 @@ func (r *Router) autoscale(ctx context.Context) {
 	a.mu.Lock()
 	kv := 0.0
 	if l.KVCells > 0 {
-		kv = float64(l.KVUsed) / float64(l.KVCells)
+		kv = l.KVUsed / float64(l.KVCells)
 	}
 	a.last = AutoscaleView{Nodes: l.Nodes, Waiting: l.Waiting, KVUsed: kv, Desired: want, Error: a.ctl.Error, Output: a.ctl.Output}
 	a.mu.Unlock()
@@ -95,6 +109,6 @@ func (r *Router) autoscale(ctx context.Context) {
 	}
 	a.fired = want
 	r.log.Info("autoscale", "nodes", l.Nodes, "desired", want, "waiting", l.Waiting, "kv_used", kv, "error", a.ctl.Error)
-	r.v.events.add("autoscale", r.cfg.Self, fmt.Sprintf("%d nodes, %d wanted (%d waiting)", l.Nodes, want, l.Waiting))
+	r.v.events.add("autoscale", r.cfg.Self, fmt.Sprintf("%d nodes, %d wanted (%.1f waiting)", l.Nodes, want, l.Waiting))
 	go r.cfg.ScaleHook(ctx, l.Nodes, want)
 }

@@ -58,12 +58,28 @@ func (c Config) Validate() error {
 }
 
 // Load is the cluster's load as gossiped: its nodes, the requests running and waiting on
-// them and their sequence slots, and their KV cells in use and in all.
+// them and their sequence slots, and their KV cells in use and in all. Running, Waiting
+// and KVUsed may be means over the controller's period (see Mean).
 type Load struct {
-	Nodes            int
-	Running, Waiting int
-	Slots            int // sequence slots in all (0: unknown, no floor on scale-in)
-	KVUsed, KVCells  int
+	Nodes                    int
+	Running, Waiting, KVUsed float64
+	Slots                    int // sequence slots in all (0: unknown, no floor on scale-in)
+	KVCells                  int
+}
+
+// Mean is the mean of samples, with the last sample's nodes, slots and cells.
+func Mean(samples []Load) Load {
+	if len(samples) == 0 {
+		return Load{}
+	}
+	m := samples[len(samples)-1]
+	m.Running, m.Waiting, m.KVUsed = 0, 0, 0
+	for _, s := range samples {
+		m.Running += s.Running / float64(len(samples))
+		m.Waiting += s.Waiting / float64(len(samples))
+		m.KVUsed += s.KVUsed / float64(len(samples))
+	}
+	return m
 }
 
 // Controller is one node's PID controller. It has no clock of its own; it is not safe for
@@ -91,12 +107,12 @@ func (c *Controller) Update(l Load, now time.Time) int {
 	if c.desired == 0 {
 		c.desired, c.changed = clamp(l.Nodes, c.cfg.Min, c.cfg.Max), now
 	}
-	e := float64(l.Waiting)/float64(l.Nodes)/c.cfg.Queue - 1
+	e := l.Waiting/float64(l.Nodes)/c.cfg.Queue - 1
 	if l.KVCells > 0 && c.cfg.KV < 1 {
 		// KV use is bounded by 1, so its error is measured against the room between the
 		// set point and full (1 when full), not against the set point, where even a full
 		// cache (1/0.85-1 = 0.18) would stay inside the dead band.
-		used := float64(l.KVUsed) / float64(l.KVCells)
+		used := l.KVUsed / float64(l.KVCells)
 		e = math.Max(e, math.Max(-1, (used-c.cfg.KV)/(1-c.cfg.KV)))
 	}
 	if math.Abs(e) < c.cfg.DeadBand {
@@ -113,7 +129,7 @@ func (c *Controller) Update(l Load, now time.Time) int {
 	want := clamp(min(int(math.Round(float64(l.Nodes)*(1+u))), 2*l.Nodes), c.cfg.Min, c.cfg.Max)
 	if l.Slots > 0 && want < l.Nodes {
 		perNode := float64(l.Slots) / float64(l.Nodes)
-		need := int(math.Ceil(float64(l.Running+l.Waiting) / (perNode * c.cfg.Busy)))
+		need := int(math.Ceil((l.Running + l.Waiting) / (perNode * c.cfg.Busy)))
 		want = clamp(max(want, need), c.cfg.Min, l.Nodes)
 	}
 	c.wants = append(slices.DeleteFunc(c.wants, func(w wanted) bool { return now.Sub(w.at) > c.cfg.DownCooldown }), wanted{now, want})

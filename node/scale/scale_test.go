@@ -17,7 +17,7 @@ func TestRampUpAndDown(t *testing.T) {
 	// The plant: offered load in nodes' worth of work; a node's queue stands at the set
 	// point when it gets one node's worth, in proportion otherwise.
 	step := func(offered float64) {
-		nodes = c.Update(Load{Nodes: nodes, Waiting: int(offered * cfg.Queue)}, now)
+		nodes = c.Update(Load{Nodes: nodes, Waiting: offered * cfg.Queue}, now)
 		now = now.Add(5 * time.Second)
 		if len(counts) == 0 || counts[len(counts)-1] != nodes {
 			counts = append(counts, nodes)
@@ -105,7 +105,7 @@ func TestKVPressure(t *testing.T) {
 		now := time.Unix(0, 0)
 		n := 0
 		for range 3 {
-			n = c.Update(Load{Nodes: 4, KVUsed: used, KVCells: 1000}, now)
+			n = c.Update(Load{Nodes: 4, KVUsed: float64(used), KVCells: 1000}, now)
 			now = now.Add(5 * time.Second)
 		}
 		return n
@@ -166,5 +166,18 @@ func TestStabilization(t *testing.T) {
 	}
 	if n >= 4 {
 		t.Errorf("still %d nodes after 40 s quiet", n)
+	}
+}
+
+// TestMean: the controller's input is the mean of the load sampled over its period, with
+// the last sample's size; a queue seen once in ten samples is a tenth of it.
+func TestMean(t *testing.T) {
+	samples := make([]Load, 10)
+	for i := range samples {
+		samples[i] = Load{Nodes: 2, Slots: 8, KVCells: 100}
+	}
+	samples[3].Waiting, samples[3].Running, samples[9].Nodes = 10, 8, 3
+	if m := Mean(samples); m.Waiting != 1 || m.Running != 0.8 || m.Nodes != 3 || m.Slots != 8 {
+		t.Errorf("mean %+v", m)
 	}
 }
