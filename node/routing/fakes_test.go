@@ -158,6 +158,7 @@ type script struct {
 	busy       bool          // answer 503 overloaded
 	retry      time.Duration // when busy, the Retry-After it asks for (default 1s)
 	running    int           // requests its Stats report running
+	waiting    int           // and waiting
 	crashAfter int           // break the connection after this many tokens (0: never)
 	stallAfter int           // after this many tokens, wait for cancellation or release (0: never)
 }
@@ -214,8 +215,11 @@ func (e *fakeEngine) Submit(ctx context.Context, req infer.Request) (infer.Strea
 	return &fakeStream{ctx: ctx, e: e, next: k, left: limit, prompt: len(words), stallAfter: s.stallAfter}, nil
 }
 
-func (e *fakeEngine) Stats() infer.Stats { return infer.Stats{Running: e.get().running} }
-func (e *fakeEngine) Ready() bool        { return true }
+func (e *fakeEngine) Stats() infer.Stats {
+	s := e.get()
+	return infer.Stats{Running: s.running, Waiting: s.waiting}
+}
+func (e *fakeEngine) Ready() bool { return true }
 
 // The fake engine caches nothing: KV movement is tested in kvmove, and with the real engine.
 func (*fakeEngine) Snapshot(context.Context, string) (infer.Frame, error) {

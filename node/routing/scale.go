@@ -19,12 +19,18 @@ import (
 // scaleKey names the node that fires the hook: whoever owns it on the ring.
 const scaleKey = "infernode:autoscale"
 
-// scaleEvery is how often the controller runs.
-const scaleEvery = 5 * time.Second
+// scaleEvery is how often the controller runs; refire, how long a count asked for may go
+// unheeded before the hook is asked again (a hook may fail, or its scaler be busy).
+const (
+	scaleEvery = 5 * time.Second
+	refire     = time.Minute
+)
 
 type autoscaler struct {
 	ctl                     *scale.Controller
-	fired                   int // the count the hook was last asked for
+	fired                   int       // the count the hook was last asked for, at firedAt
+	firedAt                 time.Time //
+	nodes                   int       // the ring's size at the last run
 	desired, error_, output prometheus.Gauge
 
 	mu      sync.Mutex
@@ -103,11 +109,17 @@ func (r *Router) autoscale(ctx context.Context) {
 	}
 	a.last = AutoscaleView{Nodes: l.Nodes, Waiting: l.Waiting, KVUsed: kv, Desired: want, Error: a.ctl.Error, Output: a.ctl.Output}
 	a.mu.Unlock()
+	if l.Nodes != a.nodes {
+		// The ring changed: what was asked is done, or moot (another node may have fired
+		// since, for another count, and left).
+		a.nodes, a.fired = l.Nodes, 0
+	}
+	now := r.clock.Now()
 	owner, ok := r.v.table.Ring().Owner(scaleKey)
-	if r.cfg.ScaleHook == nil || !ok || owner != r.cfg.Self || want == l.Nodes || want == a.fired {
+	if r.cfg.ScaleHook == nil || !ok || owner != r.cfg.Self || want == l.Nodes || (want == a.fired && now.Sub(a.firedAt) < refire) {
 		return
 	}
-	a.fired = want
+	a.fired, a.firedAt = want, now
 	r.log.Info("autoscale", "nodes", l.Nodes, "desired", want, "waiting", l.Waiting, "kv_used", kv, "error", a.ctl.Error)
 	r.v.events.add("autoscale", r.cfg.Self, fmt.Sprintf("%d nodes, %d wanted (%.1f waiting)", l.Nodes, want, l.Waiting))
 	go r.cfg.ScaleHook(ctx, l.Nodes, want)

@@ -1,8 +1,13 @@
 package routing
 
 import (
+	"context"
+	"slices"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/infernode/infernode/internal/poll"
 )
 
 // The autoscaler reads the ring's load from gossip: requests waiting, and the KV cells
@@ -25,5 +30,55 @@ func TestAutoscaleLoad(t *testing.T) {
 	c.entry.autoscale(t.Context())
 	if v := c.entry.scale.last; v.Desired <= 3 || v.KVUsed < 0.9 {
 		t.Errorf("autoscale %+v: want more than 3 nodes at %.0f%% of KV in use", v, 100*float64(l.KVUsed)/float64(l.KVCells))
+	}
+}
+
+// TestHookAfterRingChange: the hook's node asks again for a count it asked for before,
+// once the ring has changed in between (the autoscale scenario: node1 asked for 2 nodes;
+// node2, owning the hook's key in a ring of two, asked for 1 and left; node1, overloaded
+// alone, never asked for 2 again), and again after a minute unheeded.
+func TestHookAfterRingChange(t *testing.T) {
+	c := newCluster(t, "b")
+	var mu sync.Mutex
+	var fired []int
+	c.entry.cfg.ScaleHook = func(_ context.Context, current, desired int) {
+		mu.Lock()
+		defer mu.Unlock()
+		fired = append(fired, current, desired)
+	}
+	calls := func() []int {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(fired)
+	}
+	c.local.set(script{waiting: 40})
+	run := func(after time.Duration) {
+		c.clock.Advance(after)
+		before := len(calls())
+		c.entry.autoscale(t.Context())
+		poll.Within(time.Second, time.Millisecond, func() bool { return len(calls()) > before }) // the hook runs on its own goroutine
+	}
+	alone := func(b bool) {
+		if b {
+			c.members.set()
+		} else {
+			c.members.set(peerMember("b"))
+		}
+		c.entry.v.Sync()
+		for range 2 { // a returning member is back on the ring after two good checks
+			c.entry.v.ProbeAll(t.Context())
+			c.entry.v.Sync()
+		}
+	}
+	alone(true)
+	run(35 * time.Second) // the controller starts at the ring's count
+	run(35 * time.Second) // past the up cool-down: 1 -> 2
+	alone(false)
+	run(10 * time.Second) // two nodes: b may own the hook's key
+	alone(true)
+	run(10 * time.Second) // b left: 1 -> 2 again, 20 s after the first
+	run(time.Minute)      // unheeded for a minute: again
+	if got := calls(); !slices.Equal(got, []int{1, 2, 1, 2, 1, 2}) {
+		t.Errorf("hook calls (current, desired): %v; want 1->2, 1->2 after the ring changed, and again a minute later", got)
 	}
 }
