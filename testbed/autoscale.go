@@ -48,8 +48,10 @@ type Autoscale struct {
 	MaxTokens int           // each answer's length
 	// SetPoint is the controller's: requests waiting per node (--scale-queue).
 	SetPoint float64
-	// UpCooldown and DownCooldown are the controller's cool-downs.
+	// UpCooldown and DownCooldown are the controller's cool-downs; Busy, the share of
+	// slots a scale-in may leave in use (--scale-busy).
 	UpCooldown, DownCooldown time.Duration
+	Busy                     float64
 	// Trial and Bulk are those tenants' limits, in multiples of one node's capacity.
 	Trial, Bulk float64
 	// TTFTFactor sets the interactive first-token target: this many times the p99 of
@@ -67,7 +69,7 @@ type Autoscale struct {
 func DefaultAutoscale(seed uint64) Autoscale {
 	return Autoscale{Seed: seed, Start: 1, Max: 6, CPU: 20, Sequences: 4,
 		Ramp:  []float64{0.5, 1, 2, 3, 4, 4, 3, 2, 1, 0.5, 0.5},
-		Stage: 30 * time.Second, MaxTokens: 32, SetPoint: 0.5, UpCooldown: 10 * time.Second, DownCooldown: 30 * time.Second,
+		Stage: 30 * time.Second, MaxTokens: 32, SetPoint: 0.5, UpCooldown: 10 * time.Second, DownCooldown: 45 * time.Second, Busy: 0.5,
 		Trial: 0.1, Bulk: 0.2, TTFTFactor: 1.5, ScaleOutWithin: 30 * time.Second, RecoverWithin: 45 * time.Second}
 }
 
@@ -185,7 +187,7 @@ func RunAutoscale(ctx context.Context, cfg Config, a Autoscale) (*AutoscaleRepor
 	cfg.Args = append(slices.Clone(cfg.Args), append(node, "--limits", limits,
 		"--scale-hook", fmt.Sprintf(`printf '%%s %%s\n' "$INFERNODE_CURRENT_NODES" "$INFERNODE_DESIRED_NODES" >> %s`, hookLog),
 		"--scale-min", strconv.Itoa(a.Start), "--scale-max", strconv.Itoa(a.Max), "--scale-queue", fmt.Sprint(a.SetPoint),
-		"--scale-up-cooldown", a.UpCooldown.String(), "--scale-down-cooldown", a.DownCooldown.String())...)
+		"--scale-up-cooldown", a.UpCooldown.String(), "--scale-down-cooldown", a.DownCooldown.String(), "--scale-busy", fmt.Sprint(a.Busy))...)
 	c, err := Start(ctx, cfg)
 	if err != nil {
 		return nil, err
