@@ -98,7 +98,16 @@ func (r *Router) autoscale(ctx context.Context) {
 	if l.Nodes == 0 {
 		return
 	}
-	want := a.ctl.Update(l, r.clock.Now())
+	now := r.clock.Now()
+	if l.Nodes != a.nodes {
+		// The ring changed: what was asked is done, or moot (another node may have fired
+		// since, for another count, and left). Every node starts again from the ring.
+		if a.nodes != 0 {
+			a.ctl.Follow(l.Nodes, now)
+		}
+		a.nodes, a.fired = l.Nodes, 0
+	}
+	want := a.ctl.Update(l, now)
 	a.desired.Set(float64(want))
 	a.error_.Set(a.ctl.Error)
 	a.output.Set(a.ctl.Output)
@@ -109,12 +118,6 @@ func (r *Router) autoscale(ctx context.Context) {
 	}
 	a.last = AutoscaleView{Nodes: l.Nodes, Waiting: l.Waiting, KVUsed: kv, Desired: want, Error: a.ctl.Error, Output: a.ctl.Output}
 	a.mu.Unlock()
-	if l.Nodes != a.nodes {
-		// The ring changed: what was asked is done, or moot (another node may have fired
-		// since, for another count, and left).
-		a.nodes, a.fired = l.Nodes, 0
-	}
-	now := r.clock.Now()
 	owner, ok := r.v.table.Ring().Owner(scaleKey)
 	if r.cfg.ScaleHook == nil || !ok || owner != r.cfg.Self || want == l.Nodes || (want == a.fired && now.Sub(a.firedAt) < refire) {
 		return

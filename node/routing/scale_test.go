@@ -36,7 +36,7 @@ func TestAutoscaleLoad(t *testing.T) {
 // TestHookAfterRingChange: the hook's node asks again for a count it asked for before,
 // once the ring has changed in between (the autoscale scenario: node1 asked for 2 nodes;
 // node2, owning the hook's key in a ring of two, asked for 1 and left; node1, overloaded
-// alone, never asked for 2 again), and again after a minute unheeded.
+// alone, never asked for 2 again), not again at once, and again after a minute unheeded.
 func TestHookAfterRingChange(t *testing.T) {
 	c := newCluster(t, "b")
 	var mu sync.Mutex
@@ -76,7 +76,9 @@ func TestHookAfterRingChange(t *testing.T) {
 	alone(false)
 	run(10 * time.Second) // two nodes: b may own the hook's key
 	alone(true)
-	run(10 * time.Second) // b left: 1 -> 2 again, 20 s after the first
+	run(10 * time.Second) // b left: the controller starts again from 1
+	run(30 * time.Second) // past the up cool-down: 1 -> 2 again, 50 s after the first
+	run(10 * time.Second) // asked 10 s ago: not again
 	run(time.Minute)      // unheeded for a minute: again
 	if got := calls(); !slices.Equal(got, []int{1, 2, 1, 2, 1, 2}) {
 		t.Errorf("hook calls (current, desired): %v; want 1->2, 1->2 after the ring changed, and again a minute later", got)

@@ -99,6 +99,15 @@ type Controller struct {
 // New returns a controller; cfg must be valid.
 func New(cfg Config) *Controller { return &Controller{cfg: cfg} }
 
+// Follow takes n, the ring's new size, as the count wanted from now: the change asked
+// for has happened (or another node asked for another and it happened), so the
+// cool-downs start again from it and the scale-down window forgets what was wanted
+// before. Without it, the node that takes over firing the hook after a ring change
+// would ask at once for whatever count it last wanted itself.
+func (c *Controller) Follow(n int, now time.Time) {
+	c.desired, c.changed, c.wants = clamp(n, c.cfg.Min, c.cfg.Max), now, c.wants[:0]
+}
+
 // Update takes the cluster's load at now and returns the node count it wants.
 func (c *Controller) Update(l Load, now time.Time) int {
 	if l.Nodes < 1 {

@@ -181,3 +181,25 @@ func TestMean(t *testing.T) {
 		t.Errorf("mean %+v", m)
 	}
 }
+
+// TestFollow: after the ring changes, the controller starts again from its size: it asks
+// for nothing else until the load says so past a cool-down, and does not fall on the
+// strength of what it wanted before.
+func TestFollow(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.UpCooldown, cfg.DownCooldown = 10*time.Second, 30*time.Second
+	c := New(cfg)
+	now := time.Unix(0, 0)
+	c.Update(Load{Nodes: 2}, now)
+	now = now.Add(time.Minute)
+	if n := c.Update(Load{Nodes: 2, Waiting: 40}, now); n != 4 {
+		t.Fatalf("wanted %d, want 4", n)
+	}
+	c.Follow(2, now.Add(time.Second)) // another node asked for 2, and the ring has 2
+	if n := c.Update(Load{Nodes: 2, Waiting: 40}, now.Add(5*time.Second)); n != 2 {
+		t.Errorf("5 s after the ring changed to 2: %d wanted, want 2 until the up cool-down", n)
+	}
+	if n := c.Update(Load{Nodes: 2, Waiting: 40}, now.Add(15*time.Second)); n != 4 {
+		t.Errorf("past the up cool-down, still loaded: %d wanted, want 4", n)
+	}
+}
