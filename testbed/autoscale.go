@@ -80,8 +80,8 @@ type AutoscaleReport struct {
 	Took     time.Duration `json:"took_ns"`
 	Config   Autoscale     `json:"config"`
 	Capacity float64       `json:"capacity_requests_per_s"` // one CPU-limited node's, closed loop
-	// Alone and WithBatch are interactive first-token p50 and p99 on two nodes at half
-	// their capacity, alone and with batch work filling the rest.
+	// Alone and WithBatch are interactive first-token p50 and p99 on the calibration's
+	// nodes at half their capacity, alone and with batch work filling the rest.
 	Alone     [2]time.Duration   `json:"interactive_ttft_alone_ns"`
 	WithBatch [2]time.Duration   `json:"interactive_ttft_with_batch_ns"`
 	BatchDone int                `json:"batch_completed_beside"`
@@ -165,12 +165,13 @@ func RunAutoscale(ctx context.Context, cfg Config, a Autoscale) (*AutoscaleRepor
 	cfg.APIKey = "key-of-the-testbed-0001"
 	node := []string{"--threads", "1", "--sequences", strconv.Itoa(a.Sequences), "--ctx", "4096", "--key-file", keys}
 
-	// Two nodes: what one node adds to a cluster (forwarding and KV replicas included),
-	// and interactive first tokens at half the pair's capacity with and without batch
-	// work beside them.
-	two := cfg
-	two.Nodes, two.Args = 2, append(slices.Clone(cfg.Args), append(node, "--limits", batch)...)
-	if err := rep.calibrate(ctx, two, a); err != nil {
+	// Three nodes: what one node adds to a cluster (forwarding, two requests in three,
+	// and KV replicas included: a node measured alone would promise more than it adds),
+	// and interactive first tokens at half their capacity with and without batch work
+	// beside them.
+	three := cfg
+	three.Nodes, three.Args = 3, append(slices.Clone(cfg.Args), append(node, "--limits", batch)...)
+	if err := rep.calibrate(ctx, three, a); err != nil {
 		return nil, err
 	}
 	rep.Target = time.Duration(a.TTFTFactor * float64(rep.Alone[1]))
@@ -219,10 +220,11 @@ func RunAutoscale(ctx context.Context, cfg Config, a Autoscale) (*AutoscaleRepor
 	return rep, nil
 }
 
-// calibrate measures two CPU-limited nodes: their capacity with as many clients as they
-// have slots, each client on either node (nothing waits, so nothing a controller would
-// act on); half of it is one node's. Then interactive requests arriving at one node's
-// capacity, alone and with batch clients keeping every slot busy.
+// calibrate measures a few CPU-limited nodes: their capacity with as many clients as they
+// have slots, each client's requests entering at every node in turn (nothing waits, so
+// nothing a controller would act on); its share a node is one node's. Then interactive
+// requests arriving at half the nodes' capacity, alone and with batch clients keeping
+// every slot busy.
 func (rep *AutoscaleReport) calibrate(ctx context.Context, cfg Config, a Autoscale) error {
 	c, err := Start(ctx, cfg)
 	if err != nil {
@@ -268,7 +270,7 @@ func (rep *AutoscaleReport) calibrate(ctx context.Context, cfg Config, a Autosca
 	if rep.Capacity <= 0 {
 		return fmt.Errorf("calibration completed nothing")
 	}
-	// Interactive arrivals at half the pair's capacity, open loop: their first tokens
+	// Interactive arrivals at half the nodes' capacity, open loop: their first tokens
 	// alone, then beside batch clients.
 	interactive := func(seed uint64) []time.Duration {
 		rng := rand.New(rand.NewPCG(a.Seed, seed))
@@ -277,7 +279,8 @@ func (rep *AutoscaleReport) calibrate(ctx context.Context, cfg Config, a Autosca
 		var ttfts []time.Duration
 		var reqs sync.WaitGroup
 		start := time.Now()
-		for at := time.Duration(0); at < phase; at += time.Duration(rng.ExpFloat64() / rep.Capacity * float64(time.Second)) {
+		rate := rep.Capacity * float64(len(c.Nodes)) / 2
+		for at := time.Duration(0); at < phase; at += time.Duration(rng.ExpFloat64() / rate * float64(time.Second)) {
 			time.Sleep(time.Until(start.Add(at)))
 			n := c.Nodes[rng.IntN(len(c.Nodes))]
 			reqs.Go(func() {
@@ -652,11 +655,11 @@ func (rep *AutoscaleReport) check() {
 		web.Admitted = float64(web.Sent-web.Limited) / minutes
 	}
 
-	// Batch work does not delay interactive work beyond the bound: on two nodes at half
+	// Batch work does not delay interactive work beyond the bound: on three nodes at half
 	// their capacity, and in the ramp once the cluster has the nodes it needs (requests
 	// started with no queue over the set point in the RecoverWithin before).
 	add("batch beside interactive", rep.BatchDone > 0 && rep.WithBatch[1] <= rep.Target,
-		"two nodes, interactive at half their capacity: TTFT p99 %v alone, %v with batch clients filling the rest (%d batch answers; bound %.1fx)",
+		"three nodes, interactive at half their capacity: TTFT p99 %v alone, %v with batch clients filling the rest (%d batch answers; bound %.1fx)",
 		rep.Alone[1].Round(time.Millisecond), rep.WithBatch[1].Round(time.Millisecond), rep.BatchDone, a.TTFTFactor)
 	var settled []time.Duration
 	for _, r := range rep.Requests {
@@ -792,7 +795,7 @@ func (rep *AutoscaleReport) Summary(w io.Writer) {
 	}
 	a := rep.Config
 	fmt.Fprintf(w, "autoscale (seed %d): %s in %v\n", rep.Seed, verdict, rep.Took.Round(time.Second))
-	fmt.Fprintf(w, "  a node (%d%% of a CPU, %d slots) adds %.1f requests/s of %d tokens; two at half that, interactive TTFT p50/p99 %v/%v alone, %v/%v beside batch; target %v\n",
+	fmt.Fprintf(w, "  a node (%d%% of a CPU, %d slots) adds %.1f requests/s of %d tokens; three at half their capacity, interactive TTFT p50/p99 %v/%v alone, %v/%v beside batch; target %v\n",
 		a.CPU, a.Sequences, rep.Capacity, a.MaxTokens, rep.Alone[0].Round(time.Millisecond), rep.Alone[1].Round(time.Millisecond),
 		rep.WithBatch[0].Round(time.Millisecond), rep.WithBatch[1].Round(time.Millisecond), rep.Target.Round(time.Millisecond))
 	fmt.Fprintf(w, "  ramp %v x capacity, %v a stage; limits %v requests a minute; rate-limit leases %v\n", a.Ramp, a.Stage, rep.Limits, rep.Leases)
