@@ -143,6 +143,11 @@ type LoadRecord struct {
 func (r LoadRecord) limited() bool     { return r.Status == 429 }
 func (r LoadRecord) interactive() bool { return r.Tenant != "bulk" }
 
+// limitBurst is the limited tenants' burst, in seconds of their rate: at a few requests a
+// minute the default 3 s is under two requests, and a bucket that small, full between
+// two Poisson arrivals, wastes its refill (at twice the limit about a tenth of it).
+const limitBurst = 10
+
 // autoscaleKeys are the tenants' API keys.
 var autoscaleKeys = map[string]string{"web": "key-of-tenant-web-0001", "trial": "key-of-tenant-trial-02", "bulk": "key-of-tenant-bulk-003"}
 
@@ -177,7 +182,7 @@ func RunAutoscale(ctx context.Context, cfg Config, a Autoscale) (*AutoscaleRepor
 	rep.Target = time.Duration(a.TTFTFactor * float64(rep.Alone[1]))
 	rep.Limits = map[string]float64{"trial": math.Round(a.Trial * rep.Capacity * 60), "bulk": math.Round(a.Bulk * rep.Capacity * 60)}
 	limits := filepath.Join(cfg.LogDir, "limits")
-	if err := os.WriteFile(limits, fmt.Appendf(nil, "trial rpm=%.0f\nbulk rpm=%.0f priority=batch\n", rep.Limits["trial"], rep.Limits["bulk"]), 0o600); err != nil {
+	if err := os.WriteFile(limits, fmt.Appendf(nil, "trial rpm=%.0f burst=%d\nbulk rpm=%.0f burst=%d priority=batch\n", rep.Limits["trial"], limitBurst, rep.Limits["bulk"], limitBurst), 0o600); err != nil {
 		return nil, err
 	}
 
@@ -569,7 +574,7 @@ func (rep *AutoscaleReport) check() {
 	peakEnd := loadStart.Add(time.Duration(lastPeak(a.Ramp)+1) * a.Stage)
 
 	// Scale-out: the hook asks for more nodes soon after the queue passes its set point.
-	over, ok := firstOver(rep.Samples, a.SetPoint)
+	over, ok := firstOver(rep.Samples, a.SetPoint*1.25)
 	up, upOK := firstHook(rep.Events, func(e ScaleEvent) bool { return e.Desired > e.Current })
 	switch {
 	case !ok:
@@ -577,8 +582,8 @@ func (rep *AutoscaleReport) check() {
 	case !upOK:
 		add("scale-out", false, "the queue passed its set point at %s and the hook never asked for more nodes", rep.at(over))
 	default:
-		add("scale-out", up.Sub(over) <= a.ScaleOutWithin, "the queue passed %g waiting a node at %s; the hook asked for more at %s (%v later, bound %v)",
-			a.SetPoint, rep.at(over), rep.at(up), up.Sub(over).Round(time.Second), a.ScaleOutWithin)
+		add("scale-out", up.Sub(over) <= a.ScaleOutWithin, "the queue passed %g waiting a node (the set point and its dead band) over 5 s at %s; the hook asked for more at %s (%v later, bound %v)",
+			a.SetPoint*1.25, rep.at(over), rep.at(up), up.Sub(over).Round(time.Second), a.ScaleOutWithin)
 	}
 
 	// Recovery: after the last node added on the way up is ready, the interactive p99
@@ -731,11 +736,20 @@ func lastPeak(ramp []float64) int {
 	return i
 }
 
-// firstOver is the first sample whose queue per node is over the set point.
-func firstOver(samples []ScaleSample, setPoint float64) (time.Time, bool) {
-	for _, s := range samples {
-		if s.Ring > 0 && float64(s.Waiting)/float64(s.Ring) > setPoint {
-			return s.Time, true
+// firstOver is the end of the first 5 s whose mean queue per node is over level: a queue
+// the controller, which runs every 5 s on the mean load since its last run, must act on
+// (one sample's blip is not).
+func firstOver(samples []ScaleSample, level float64) (time.Time, bool) {
+	const span = 5
+	for i := span - 1; i < len(samples); i++ {
+		sum := 0.0
+		for _, s := range samples[i-span+1 : i+1] {
+			if s.Ring > 0 {
+				sum += float64(s.Waiting) / float64(s.Ring)
+			}
+		}
+		if sum/span > level {
+			return samples[i].Time, true
 		}
 	}
 	return time.Time{}, false

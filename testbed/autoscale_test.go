@@ -30,9 +30,12 @@ func TestAutoscaleChecks(t *testing.T) {
 	if i := lastPeak([]float64{0.5, 1, 4, 4, 2}); i != 3 {
 		t.Errorf("last peak stage %d, want 3", i)
 	}
-	samples := []ScaleSample{{Time: at(1), Ring: 2, Waiting: 4}, {Time: at(2), Ring: 2, Waiting: 5}}
-	if over, ok := firstOver(samples, 2); !ok || !over.Equal(at(2)) {
-		t.Errorf("queue over its set point at %v, want the second sample (2.5 a node)", over)
+	var samples []ScaleSample
+	for i, w := range []int{0, 20, 0, 0, 0, 0, 0, 4, 4, 5, 5, 6, 6} { // a blip, then a queue
+		samples = append(samples, ScaleSample{Time: at(i), Ring: 2, Waiting: w})
+	}
+	if over, ok := firstOver(samples, 2); !ok || !over.Equal(at(11)) {
+		t.Errorf("queue over 2 a node over 5 s at %v, want 11 s (not the blip at 1 s)", over)
 	}
 }
 
