@@ -20,7 +20,6 @@ import (
 	"time"
 
 	"github.com/infernode/infernode/internal/measure"
-	"github.com/infernode/infernode/internal/poll"
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
@@ -393,7 +392,7 @@ func (p *pool) scaleTo(ctx context.Context, want int) {
 		}
 		p.event(ScaleEvent{Kind: "start", Node: id})
 		go func() {
-			if poll.Within(2*time.Minute, 100*time.Millisecond, node.Serving) {
+			if within(2*time.Minute, node.Serving) {
 				p.event(ScaleEvent{Kind: "ready", Node: id})
 			}
 		}()
@@ -420,6 +419,16 @@ func (p *pool) countLeases(n *Node) {
 		p.rep.Leases[outcome] += v
 		p.mu.Unlock()
 	}
+}
+
+// within polls cond every 100 ms until it holds (true) or timeout passes (false).
+func within(timeout time.Duration, cond func() bool) bool {
+	for deadline := time.Now().Add(timeout); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if cond() {
+			return true
+		}
+	}
+	return false
 }
 
 // settle waits for the nodes told to leave to be gone.
