@@ -88,12 +88,12 @@ type AutoscaleReport struct {
 	Limits    map[string]float64 `json:"limits_rpm"`
 	// Leases is what the nodes' rate limiters did, summed over every node before it left
 	// and at the end: leases granted, denied and failed (owner unreachable).
-	Leases map[string]float64 `json:"quota_leases"`
-	Tenants   map[string]*Tenant `json:"tenants"`
-	Samples   []ScaleSample      `json:"samples"`
-	Events    []ScaleEvent       `json:"events"`
-	Requests  []LoadRecord       `json:"requests"`
-	Checks    []Check            `json:"checks"`
+	Leases   map[string]float64 `json:"quota_leases"`
+	Tenants  map[string]*Tenant `json:"tenants"`
+	Samples  []ScaleSample      `json:"samples"`
+	Events   []ScaleEvent       `json:"events"`
+	Requests []LoadRecord       `json:"requests"`
+	Checks   []Check            `json:"checks"`
 }
 
 // Tenant is what one tenant sent and got.
