@@ -3,6 +3,11 @@
 // throughput and time-to-first-token and inter-token latency percentiles.
 //
 //	loadgen --url http://127.0.0.1:8080 --concurrency 1,4,8 --rounds 5 --max-tokens 64
+//	loadgen --url http://127.0.0.1:8080 --rate 1,2,4 --duration 60s --slo-ttft 1s --slo-tpot 100ms
+//
+// The second form is open-loop (see open.go): requests arrive at Poisson times from a
+// seeded, synthesized multi-turn workload, whatever the server's latency, and each rate
+// reports the share of requests meeting both latency targets and the goodput.
 //
 // Decode throughput is measured as in the session engine's BenchmarkDecode, so the two can
 // be compared: in steady state, counting text events (one a token while the client keeps
@@ -14,6 +19,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -30,9 +36,17 @@ import (
 type result struct {
 	start, first, end time.Time
 	tokens            int
+	text              string
 	events            []time.Time // arrival of each text event
 	gaps              []time.Duration
 	err               error
+}
+
+// target is the server and how every request asks it.
+type target struct {
+	url, key, model string
+	temperature     float64
+	sessionHeader   string // if set, each conversation's id goes in this header
 }
 
 func main() {
@@ -45,6 +59,12 @@ func main() {
 	promptWords := flag.Int("prompt-words", 16, "words in each request's user message")
 	temperature := flag.Float64("temperature", 0.8, "sampling temperature (0: greedy)")
 	asJSON := flag.Bool("json", false, "print JSON instead of a table")
+	rates := flag.String("rate", "", "open loop: comma-separated request rates (a second) to run in turn, instead of --concurrency")
+	duration := flag.Duration("duration", time.Minute, "open loop: how long each rate runs")
+	seed := flag.Uint64("seed", 1, "open loop: the workload's seed (the same seed, the same requests at the same times)")
+	sloTTFT := flag.Duration("slo-ttft", time.Second, "open loop: the first-token target")
+	sloTPOT := flag.Duration("slo-tpot", 100*time.Millisecond, "open loop: the target time per output token after the first")
+	sessionHeader := flag.String("session-header", "X-Session-ID", "open loop: the header carrying each conversation's id (empty: none)")
 	flag.Parse()
 
 	client := &http.Client{Timeout: 10 * time.Minute}
@@ -56,6 +76,29 @@ func main() {
 		}
 		*model = m
 	}
+	t := target{url: *url, key: *apiKey, model: *model, temperature: *temperature, sessionHeader: *sessionHeader}
+	if *rates != "" {
+		var out []openLevel
+		for _, f := range strings.Split(*rates, ",") {
+			r, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+			if err != nil || r <= 0 {
+				fmt.Fprintf(os.Stderr, "loadgen: bad rate %q\n", f)
+				os.Exit(2)
+			}
+			out = append(out, openRun(context.Background(), client, t, r, *duration, *seed, *sloTTFT, *sloTPOT))
+		}
+		if *asJSON {
+			json.NewEncoder(os.Stdout).Encode(out)
+			return
+		}
+		fmt.Printf("SLO: first token within %v, then %v a token; seed %d, %v a rate\n", *sloTTFT, *sloTPOT, *seed, *duration)
+		fmt.Printf("%-8s %8s %8s %7s %10s %10s %10s %10s %10s %8s\n", "rate", "achieved", "requests", "failed", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "attained", "goodput")
+		for _, l := range out {
+			fmt.Printf("%-8g %8.2f %8d %7d %8.1fms %8.1fms %8.2fms %8.2fms %9.0f%% %8.2f\n", l.Rate, l.Achieved, l.Requests, l.Failed,
+				l.TTFTp50ms, l.TTFTp99ms, l.TPOTp50ms, l.TPOTp99ms, 100*l.Attainment, l.Goodput)
+		}
+		return
+	}
 	var out []measure.Level
 	for _, f := range strings.Split(*levels, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
@@ -66,7 +109,7 @@ func main() {
 		var all []result
 		var decodeTok, decodeSec float64
 		for r := range *rounds {
-			res := round(client, *url, *apiKey, *model, n, r, *maxTokens, *promptWords, *temperature)
+			res := round(client, t, n, r, *maxTokens, *promptWords)
 			all = append(all, res...)
 			var events [][]time.Time
 			for _, x := range res {
@@ -111,30 +154,35 @@ func firstModel(client *http.Client, url, key string) (string, error) {
 }
 
 // round runs n requests at once, each its own conversation.
-func round(client *http.Client, url, key, model string, n, r, maxTokens, words int, temperature float64) []result {
+func round(client *http.Client, t target, n, r, maxTokens, words int) []result {
 	out := make([]result, n)
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Go(func() {
 			prompt := fmt.Sprintf("round %d request %d: %s", r, i, strings.Repeat("tell me about the river ", max(1, words/5)))
-			out[i] = stream(client, url, key, model, prompt, maxTokens, int64(r*1000+i), temperature)
+			out[i] = t.stream(client, []map[string]string{{"role": "user", "content": prompt}}, "", maxTokens, int64(r*1000+i))
 		})
 	}
 	wg.Wait()
 	return out
 }
 
-func stream(client *http.Client, url, key, model, prompt string, maxTokens int, seed int64, temperature float64) result {
+// stream sends one streaming chat completion of messages and records its events; session,
+// if set, goes in the target's session header.
+func (t target) stream(client *http.Client, messages []map[string]string, session string, maxTokens int, seed int64) result {
 	body, _ := json.Marshal(map[string]any{
-		"model": model, "messages": []map[string]string{{"role": "user", "content": prompt}},
-		"max_tokens": maxTokens, "stream": true, "seed": seed, "temperature": temperature,
+		"model": t.model, "messages": messages,
+		"max_tokens": maxTokens, "stream": true, "seed": seed, "temperature": t.temperature,
 		"stream_options": map[string]bool{"include_usage": true},
 	})
 	res := result{start: time.Now()}
-	req, _ := http.NewRequest("POST", url+"/v1/chat/completions", bytes.NewReader(body))
+	req, _ := http.NewRequest("POST", t.url+"/v1/chat/completions", bytes.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
-	if key != "" {
-		req.Header.Set("Authorization", "Bearer "+key)
+	if t.key != "" {
+		req.Header.Set("Authorization", "Bearer "+t.key)
+	}
+	if session != "" && t.sessionHeader != "" {
+		req.Header.Set(t.sessionHeader, session)
 	}
 	resp, err := client.Do(req)
 	if err != nil {
@@ -149,6 +197,7 @@ func stream(client *http.Client, url, key, model, prompt string, maxTokens int, 
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	var last time.Time
+	var text strings.Builder
 	for sc.Scan() {
 		data, ok := strings.CutPrefix(sc.Text(), "data: ")
 		if !ok || data == "[DONE]" {
@@ -173,6 +222,7 @@ func stream(client *http.Client, url, key, model, prompt string, maxTokens int, 
 			res.tokens = chunk.Usage.CompletionTokens
 		}
 		if len(chunk.Choices) > 0 && chunk.Choices[0].Delta.Content != "" {
+			text.WriteString(chunk.Choices[0].Delta.Content)
 			now := time.Now()
 			res.events = append(res.events, now)
 			if res.first.IsZero() {
@@ -183,7 +233,7 @@ func stream(client *http.Client, url, key, model, prompt string, maxTokens int, 
 			last = now
 		}
 	}
-	res.end = time.Now()
+	res.end, res.text = time.Now(), text.String()
 	res.err = sc.Err()
 	return res
 }

@@ -1,0 +1,192 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/infernode/infernode/internal/measure"
+)
+
+// Open-loop load (--rate): requests arrive when the workload says, whatever the server's
+// latency, as serving benchmarks measure (vLLM's benchmark_serving --request-rate,
+// DistServe's goodput), instead of a fixed number of clients that each wait for an answer
+// before asking again (which slows the arrivals exactly when the server is slow).
+//
+// The workload is synthesized from a seed, so two runs (and two servers) get the same one:
+//
+//   - Conversations start as a Poisson process at rate/turnsMean a second, so requests
+//     arrive at about rate a second.
+//   - A conversation has 1 + Geometric turns (mean turnsMean, at most maxTurns). A
+//     follow-up is sent when the previous answer has ended plus a think time, Exp(mean
+//     thinkMean): a user waits for an answer, so follow-ups follow the server, first
+//     turns do not. Every follow-up carries the whole history (the previous answers
+//     included), so prompts grow turn by turn.
+//   - A user message is LogNormal(median 40 words, sigma 0.8) long, 4 to 400 words; an
+//     answer's max_tokens LogNormal(median 48, sigma 0.6), 8 to 256: long-tailed, as chat
+//     traffic is.
+//
+// A request meets the SLO when its first token came within sloTTFT and its time per
+// output token after the first, (end-first)/(tokens-1), is within sloTPOT. Goodput is
+// the requests meeting it a second.
+
+const (
+	turnsMean = 3.0
+	maxTurns  = 8
+	thinkMean = time.Second
+)
+
+// openLevel is one rate's outcome.
+type openLevel struct {
+	Rate       float64 `json:"rate"`          // requests a second asked for
+	Achieved   float64 `json:"achieved_rate"` // requests sent a second
+	Requests   int     `json:"requests"`
+	Failed     int     `json:"failed"`
+	TTFTp50ms  float64 `json:"ttft_p50_ms"`
+	TTFTp99ms  float64 `json:"ttft_p99_ms"`
+	TPOTp50ms  float64 `json:"tpot_p50_ms"`
+	TPOTp99ms  float64 `json:"tpot_p99_ms"`
+	ITLp99ms   float64 `json:"itl_p99_ms"`
+	Attainment float64 `json:"slo_attainment"` // share of requests meeting both targets
+	Goodput    float64 `json:"goodput"`        // requests meeting both a second
+}
+
+// turn is one request of a conversation as the workload planned it.
+type turn struct {
+	words, maxTokens int
+}
+
+// conversation is a planned conversation: when it starts and its turns.
+type conversation struct {
+	id    string
+	at    time.Duration
+	turns []turn
+}
+
+// plan synthesizes the workload for rate over duration from seed.
+func plan(rate float64, duration time.Duration, seed uint64) []conversation {
+	rng := rand.New(rand.NewPCG(seed, math.Float64bits(rate)))
+	logNormal := func(median, sigma float64, lo, hi int) int {
+		return max(lo, min(hi, int(math.Round(median*math.Exp(sigma*rng.NormFloat64())))))
+	}
+	var out []conversation
+	for at := time.Duration(0); ; {
+		at += time.Duration(rng.ExpFloat64() / (rate / turnsMean) * float64(time.Second))
+		if at >= duration {
+			return out
+		}
+		c := conversation{id: fmt.Sprintf("loadgen-%d-%g-%d", seed, rate, len(out)), at: at}
+		for n := 1; ; n++ {
+			c.turns = append(c.turns, turn{words: logNormal(40, 0.8, 4, 400), maxTokens: logNormal(48, 0.6, 8, 256)})
+			if n == maxTurns || rng.Float64() < 1/turnsMean { // geometric: mean turnsMean
+				break
+			}
+		}
+		out = append(out, c)
+	}
+}
+
+// vocabulary the synthesized messages are drawn from.
+var vocabulary = strings.Fields(`the a river mountain town story old new small great quiet
+bright dark morning evening road house garden tree water stone light wind rain sun moon
+friend child teacher king boat bridge market song book letter door window field forest
+walked found told asked built carried watched remembered opened followed crossed waited`)
+
+func message(rng *rand.Rand, words int) string {
+	w := make([]string, words)
+	for i := range w {
+		w[i] = vocabulary[rng.IntN(len(vocabulary))]
+	}
+	return strings.Join(w, " ")
+}
+
+// openRun sends rate's workload for duration and measures it against the SLO. Follow-ups
+// still due at the end are not sent; requests in flight are waited for.
+func openRun(ctx context.Context, client *http.Client, t target, rate float64, duration time.Duration, seed uint64,
+	sloTTFT, sloTPOT time.Duration) openLevel {
+	convs := plan(rate, duration, seed)
+	start := time.Now()
+	var mu sync.Mutex
+	var results []result
+	var wg sync.WaitGroup
+	for i, c := range convs {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(seed, uint64(i)))
+			if !sleepUntil(ctx, start.Add(c.at)) {
+				return
+			}
+			var history []map[string]string
+			for k, tn := range c.turns {
+				if k > 0 {
+					think := time.Duration(rng.ExpFloat64() * float64(thinkMean))
+					if time.Since(start)+think >= duration || !sleepUntil(ctx, time.Now().Add(think)) {
+						return
+					}
+				}
+				history = append(history, map[string]string{"role": "user", "content": message(rng, tn.words)})
+				res := t.stream(client, history, c.id, tn.maxTokens, int64(seed)+int64(i*maxTurns+k))
+				mu.Lock()
+				results = append(results, res)
+				mu.Unlock()
+				if res.err != nil {
+					return
+				}
+				history = append(history, map[string]string{"role": "assistant", "content": res.text})
+			}
+		})
+	}
+	wg.Wait()
+	return summarizeOpen(rate, results, duration, sloTTFT, sloTPOT)
+}
+
+// sleepUntil waits until t or ctx's end, and reports whether t came.
+func sleepUntil(ctx context.Context, t time.Time) bool {
+	timer := time.NewTimer(time.Until(t))
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-timer.C:
+		return true
+	}
+}
+
+// tpot is a request's time per output token after the first (0 for one token).
+func (r result) tpot() time.Duration {
+	if r.tokens < 2 || r.first.IsZero() {
+		return 0
+	}
+	return r.end.Sub(r.first) / time.Duration(r.tokens-1)
+}
+
+func summarizeOpen(rate float64, rs []result, duration, sloTTFT, sloTPOT time.Duration) openLevel {
+	l := openLevel{Rate: rate, Requests: len(rs), Achieved: float64(len(rs)) / duration.Seconds()}
+	var ttft, tpot, gaps []time.Duration
+	met := 0
+	for _, r := range rs {
+		if r.err != nil || r.first.IsZero() {
+			l.Failed++
+			continue
+		}
+		ttft = append(ttft, r.first.Sub(r.start))
+		tpot = append(tpot, r.tpot())
+		gaps = append(gaps, r.gaps...)
+		if r.first.Sub(r.start) <= sloTTFT && r.tpot() <= sloTPOT {
+			met++
+		}
+	}
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	l.TTFTp50ms, l.TTFTp99ms = ms(measure.Percentile(ttft, 50)), ms(measure.Percentile(ttft, 99))
+	l.TPOTp50ms, l.TPOTp99ms = ms(measure.Percentile(tpot, 50)), ms(measure.Percentile(tpot, 99))
+	l.ITLp99ms = ms(measure.Percentile(gaps, 99))
+	if len(rs) > 0 {
+		l.Attainment = float64(met) / float64(len(rs))
+	}
+	l.Goodput = float64(met) / duration.Seconds()
+	return l
+}

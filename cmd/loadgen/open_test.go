@@ -1,0 +1,98 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+)
+
+// TestPlan: the same seed plans the same workload; arrivals come at about the rate asked
+// for; lengths stay in their documented bounds; conversations have several turns.
+func TestPlan(t *testing.T) {
+	a, b := plan(4, 10*time.Minute, 7), plan(4, 10*time.Minute, 7)
+	if !slices.EqualFunc(a, b, func(x, y conversation) bool { return x.at == y.at && slices.Equal(x.turns, y.turns) }) {
+		t.Fatal("one seed planned two workloads")
+	}
+	if c := plan(4, 10*time.Minute, 8); c[0].at == a[0].at {
+		t.Error("another seed planned the same first arrival")
+	}
+	requests, multi := 0, 0
+	for _, c := range a {
+		requests += len(c.turns)
+		if len(c.turns) > 1 {
+			multi++
+		}
+		for _, tn := range c.turns {
+			if tn.words < 4 || tn.words > 400 || tn.maxTokens < 8 || tn.maxTokens > 256 {
+				t.Fatalf("turn %+v out of bounds", tn)
+			}
+		}
+	}
+	if rate := float64(requests) / 600; rate < 3.4 || rate > 4.6 {
+		t.Errorf("%d requests planned in 10 minutes: %.2f a second, want about 4", requests, rate)
+	}
+	if multi < len(a)/2 {
+		t.Errorf("%d of %d conversations have follow-ups, want most (mean %g turns)", multi, len(a), turnsMean)
+	}
+}
+
+// TestOpenRun: against a server that answers every token 5 ms apart after a 20 ms first
+// token, a run meets a loose SLO and misses a tight one; follow-ups carry their
+// conversation's history (growing) and its id in the session header.
+func TestOpenRun(t *testing.T) {
+	var mu sync.Mutex
+	history := map[string][]int{} // session -> messages a request carried
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			Messages  []map[string]string
+			MaxTokens int `json:"max_tokens"`
+		}
+		json.NewDecoder(r.Body).Decode(&req)
+		mu.Lock()
+		s := r.Header.Get("X-Session-ID")
+		history[s] = append(history[s], len(req.Messages))
+		mu.Unlock()
+		w.Header().Set("Content-Type", "text/event-stream")
+		time.Sleep(20 * time.Millisecond)
+		n := min(req.MaxTokens, 6)
+		for i := range n {
+			fmt.Fprintf(w, "data: {\"choices\":[{\"delta\":{\"content\":\" w%d\"}}]}\n\n", i)
+			w.(http.Flusher).Flush()
+			time.Sleep(5 * time.Millisecond)
+		}
+		fmt.Fprintf(w, "data: {\"choices\":[],\"usage\":{\"completion_tokens\":%d}}\n\ndata: [DONE]\n\n", n)
+	}))
+	defer srv.Close()
+	tg := target{url: srv.URL, model: "m", sessionHeader: "X-Session-ID"}
+	loose := openRun(context.Background(), srv.Client(), tg, 20, 3*time.Second, 1, time.Second, 50*time.Millisecond)
+	grew := 0
+	for s, counts := range history {
+		if s == "" {
+			t.Fatal("a request without its session header")
+		}
+		for i := 1; i < len(counts); i++ {
+			if counts[i] != counts[i-1]+2 {
+				t.Fatalf("session %s carried %v messages turn by turn, want each follow-up two more", s, counts)
+			}
+			grew++
+		}
+	}
+	if loose.Requests < 20 || loose.Failed > 0 || loose.Attainment != 1 || loose.Goodput < 6 {
+		t.Errorf("loose SLO: %+v", loose)
+	}
+	if grew == 0 {
+		t.Error("no follow-up was sent")
+	}
+	tight := openRun(context.Background(), srv.Client(), tg, 20, 3*time.Second, 1, 10*time.Millisecond, 50*time.Millisecond)
+	// The same workload, give or take a follow-up whose think time ends by the deadline in
+	// one run and not in the other.
+	if tight.Attainment != 0 || tight.Goodput != 0 || tight.Requests < loose.Requests*9/10 {
+		t.Errorf("a 10 ms first-token target against a 20 ms server: %+v (%d requests, %d in the first run)", tight, tight.Requests, loose.Requests)
+	}
+}
