@@ -28,9 +28,9 @@ const (
 
 type autoscaler struct {
 	ctl                     *scale.Controller
-	fired                   int       // the count the hook was last asked for, at firedAt
-	firedAt                 time.Time //
-	nodes                   int       // the ring's size at the last run
+	fired                   int // the count the hook was last asked for, at firedAt
+	firedAt                 time.Time
+	nodes                   int // the ring's size at the last run
 	desired, error_, output prometheus.Gauge
 
 	mu      sync.Mutex

@@ -6,17 +6,20 @@
 //
 // The error is how far the busier of two signals is from its set point: requests waiting
 // per node against Config.Queue (relative to it), and the share of KV cells held by
-// running requests against Config.KV (relative to the room between it and full). The output multiplies the current count. Around it: a dead band (an
-// error within it is none: no drift on noise), anti-windup (the integral is bounded, and
-// stops growing while the output is pinned at the minimum or the maximum), cool-downs (no
-// rise sooner than UpCooldown after a change, no fall sooner than DownCooldown), a rise of
-// at most double the nodes at a time (a short burst of queue asks for a huge relative
+// running requests against Config.KV (relative to the room between it and full). The
+// output multiplies the current count. Around it: a dead band (an error within it is
+// none: no drift on noise), anti-windup (the integral is bounded, and stops growing
+// while the output is pinned at the minimum or the maximum), cool-downs (no rise sooner
+// than UpCooldown after a change, no fall sooner than DownCooldown), a rise of at most
+// double the nodes at a time (a short burst of queue asks for a huge relative
 // change: all of it at once overshoots, and the fall after it is a reversal), a fall only
 // to the most nodes wanted over the last DownCooldown (Kubernetes' scale-down
 // stabilization window: one quiet moment is no reason to shrink), and a floor on
 // scale-in: an empty queue says nothing about how many nodes the running requests need,
 // so a fall stops at the fewest nodes whose sequence slots the requests in the cluster
-// would fill to at most Config.Busy. A ramp up and down reverses at most once.
+// would fill to at most Config.Busy. A ramp up and down reverses at most once; after a
+// ring change every node starts again from the ring's size (Follow), so the node that
+// takes over the hook does not ask for a count of its own from before.
 package scale
 
 import (
