@@ -473,20 +473,7 @@ func (c *Cluster) scaleView(n *Node) (v struct {
 		Output  float64 `json:"output"`
 	} `json:"autoscale"`
 }, err error) {
-	req, err := http.NewRequest("GET", n.URL()+"/v1/cluster", nil)
-	if err != nil {
-		return v, err
-	}
-	req.Header.Set("Authorization", "Bearer "+c.cfg.APIKey)
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return v, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != 200 {
-		return v, fmt.Errorf("%s: /v1/cluster answered %d", n.ID, resp.StatusCode)
-	}
-	return v, json.NewDecoder(resp.Body).Decode(&v)
+	return v, c.getJSON(n, "/v1/cluster", &v)
 }
 
 // load runs the three tenants' open-loop arrivals (Poisson, seeded) through the ramp, each

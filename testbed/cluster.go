@@ -401,23 +401,27 @@ type MemberView struct {
 // View asks a node for its view of the cluster.
 func (c *Cluster) View(n *Node) (ClusterView, error) {
 	var v ClusterView
-	req, err := http.NewRequest("GET", n.URL()+"/v1/cluster", nil)
+	return v, c.getJSON(n, "/v1/cluster", &v)
+}
+
+// getJSON decodes a node's answer to GET path (with the operator's key) into v.
+func (c *Cluster) getJSON(n *Node, path string, v any) error {
+	req, err := http.NewRequest("GET", n.URL()+path, nil)
 	if err != nil {
-		return v, err
+		return err
 	}
 	if c.cfg.APIKey != "" {
 		req.Header.Set("Authorization", "Bearer "+c.cfg.APIKey)
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return v, err
+		return err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != 200 {
-		return v, fmt.Errorf("%s: /v1/cluster answered %d", n.ID, resp.StatusCode)
+		return fmt.Errorf("%s: %s answered %d", n.ID, path, resp.StatusCode)
 	}
-	err = json.NewDecoder(resp.Body).Decode(&v)
-	return v, err
+	return json.NewDecoder(resp.Body).Decode(v)
 }
 
 // Ring is the sorted ids on a node's ring (its own model's).
