@@ -976,13 +976,5 @@ func (rep *AutoscaleReport) Plot(path string) error {
 	for i, p := range panels {
 		p.Draw(canvases[i][0])
 	}
-	w, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	defer w.Close()
-	if _, err := (vgimg.PngCanvas{Canvas: img}).WriteTo(w); err != nil {
-		return fmt.Errorf("plot %s: %w", path, err)
-	}
-	return w.Close()
+	return savePNG(img, path)
 }

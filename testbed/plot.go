@@ -149,6 +149,19 @@ func (r *Report) Plot(path string) error {
 	canvases := plot.Align([][]*plot.Plot{{top}, {bottom}}, tiles, dc)
 	top.Draw(canvases[0][0])
 	bottom.Draw(canvases[1][0])
+	return savePNG(img, path)
+}
+
+// plotutilColor is a distinct colour for series i.
+func plotutilColor(i int) color.RGBA {
+	palette := []color.RGBA{{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff}, {R: 0xff, G: 0x7f, B: 0x0e, A: 0xff},
+		{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff}, {R: 0xd6, G: 0x27, B: 0x28, A: 0xff}, {R: 0x94, G: 0x67, B: 0xbd, A: 0xff},
+		{R: 0x8c, G: 0x56, B: 0x4b, A: 0xff}, {R: 0xe3, G: 0x77, B: 0xc2, A: 0xff}}
+	return palette[i%len(palette)]
+}
+
+// savePNG writes img to path as a PNG.
+func savePNG(img *vgimg.Canvas, path string) error {
 	w, err := os.Create(path)
 	if err != nil {
 		return err
@@ -158,12 +171,4 @@ func (r *Report) Plot(path string) error {
 		return fmt.Errorf("plot %s: %w", path, err)
 	}
 	return w.Close()
-}
-
-// plotutilColor is a distinct colour for series i.
-func plotutilColor(i int) color.RGBA {
-	palette := []color.RGBA{{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff}, {R: 0xff, G: 0x7f, B: 0x0e, A: 0xff},
-		{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff}, {R: 0xd6, G: 0x27, B: 0x28, A: 0xff}, {R: 0x94, G: 0x67, B: 0xbd, A: 0xff},
-		{R: 0x8c, G: 0x56, B: 0x4b, A: 0xff}, {R: 0xe3, G: 0x77, B: 0xc2, A: 0xff}}
-	return palette[i%len(palette)]
 }
