@@ -30,6 +30,10 @@ type Cluster interface {
 	Route(st infer.Stream) (node string, hops, resumes int)
 	// Served is told that a turn of key's conversation, served here, is complete.
 	Served(key string, draining bool)
+	// Leave hands a leaving node's caches to their next owners, until ctx ends: as the
+	// drain begins (drained false) those idle then, the others being passed on by Served as
+	// their turns end; once it is over (drained true) whatever has not moved yet.
+	Leave(ctx context.Context, drained bool)
 	// TakeKV installs a conversation's KV frame a peer pushed; GiveKV answers a peer's
 	// pull (its hop's nonce) with one, to be released after writing, the answer's
 	// signature set with sign.
@@ -100,6 +104,7 @@ func (s standalone) ServeLocal(ctx context.Context, req infer.Request) (infer.St
 
 func (standalone) Route(infer.Stream) (string, int, int) { return "", 0, 0 }
 func (standalone) Served(string, bool)                   {}
+func (standalone) Leave(context.Context, bool)           {}
 func (standalone) TakeKV(context.Context, []byte, infer.Origin, string) (infer.Imported, error) {
 	return infer.Imported{}, errStandalone
 }

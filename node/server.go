@@ -167,8 +167,17 @@ func (s *Server) Run(ctx context.Context) error {
 	// Keep accepting while draining: /readyz says 503, and what still arrives (a client
 	// that has not noticed, a request already on a kept-alive connection) is handed to
 	// the next owner rather than refused or cut.
+	// The caches move to their next owners meanwhile, and the API keeps answering their
+	// pulls until they have (see Cluster.Leave), for up to the drain timeout again.
 	s.log.Info("draining", "timeout", s.cfg.DrainTimeout)
 	drained := s.drain()
+	hctx, cancel := context.WithTimeout(context.Background(), 2*s.cfg.DrainTimeout)
+	defer cancel()
+	early := make(chan struct{})
+	go func() {
+		defer close(early)
+		s.cluster.Leave(hctx, false)
+	}()
 	select {
 	case <-drained:
 	case <-time.After(s.cfg.DrainTimeout):
@@ -176,6 +185,8 @@ func (s *Server) Run(ctx context.Context) error {
 		s.cancelBase()
 		<-drained
 	}
+	<-early
+	s.cluster.Leave(hctx, true)
 	close(s.stopFeeds)       // event feeds end, so shutdown need not wait for them
 	err := s.http.Shutdown() // stops accepting, closes idle connections, waits for the rest
 	s.Close()

@@ -486,15 +486,7 @@ func serve(opts options, log *slog.Logger) error {
 	// flight), then the engine stops.
 	var err2 error
 	select {
-	case err := <-served:
-		if router != nil {
-			// Drained: hand the conversations cached here to their next owners, most
-			// recently used first, for up to the drain timeout again.
-			hctx, cancel := context.WithTimeout(context.Background(), opts.node.DrainTimeout)
-			router.Stored().HandOff(hctx, true) // small records first
-			router.KV().HandOff(hctx, true)
-			cancel()
-		}
+	case err := <-served: // drained, its caches handed off
 		stopEngine()
 		err2 = errors.Join(err, <-engineDone)
 	case err := <-engineDone: // the engine failed on its own

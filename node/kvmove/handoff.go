@@ -14,8 +14,8 @@ import (
 // the next turn would go if it were gone.
 
 // HandOff pushes conversations cached here to their owners, most recently used first,
-// until ctx ends: every one when leaving, else those another node owns now. It returns
-// how many moved and how many could not.
+// until ctx ends: every one when leaving (but those a leaving push has moved already),
+// else those another node owns now. It returns how many moved and how many could not.
 func (m *Mover) HandOff(ctx context.Context, leaving bool) (moved, failed int) {
 	keys, err := m.local.Conversations(ctx)
 	if err != nil {
@@ -29,6 +29,9 @@ func (m *Mover) HandOff(ctx context.Context, leaving bool) (moved, failed int) {
 			continue
 		}
 		why := Leaving
+		if leaving && m.handedOff(key) {
+			continue
+		}
 		if !leaving {
 			if _, other := m.ring.Owner(key); !other {
 				continue

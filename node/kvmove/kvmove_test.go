@@ -30,6 +30,7 @@ type fakeRing struct {
 	heirs   []Peer
 	prefill map[string]float64
 	joined  time.Time
+	leavers []Peer
 }
 
 func (f *fakeRing) Owner(k string) (Peer, bool) {
@@ -41,6 +42,7 @@ func (f *fakeRing) Owner(k string) (Peer, bool) {
 func (f *fakeRing) Heirs(_ string, n int) []Peer    { return f.heirs[:min(n, len(f.heirs))] }
 func (f *fakeRing) Prefill(p string) float64        { return f.prefill[p] }
 func (f *fakeRing) Joined() time.Time               { return f.joined }
+func (f *fakeRing) Leavers() []Peer                 { return f.leavers }
 func (f *fakeRing) Happened(string, string, string) {}
 
 // fakeLocal records the frames imported into it and holds nothing. A frame is "frame of
@@ -274,6 +276,32 @@ func TestPullOnMiss(t *testing.T) {
 	turn("later", true)
 	if len(local.frames) != 1 {
 		t.Errorf("pulled after the pull window: %q", local.frames)
+	}
+}
+
+// TestPullFromLeavers: a node long on the ring that does not hold a conversation's KV asks
+// the members that left lately for it (a leaver drains and pushes its caches off, and the
+// next turn may come first), in turn until one sends it, once; a first turn asks nothing,
+// and with no leaver nothing is asked.
+func TestPullFromLeavers(t *testing.T) {
+	b := startPeer(t, "b")
+	gone := httptest.NewServer(http.NotFoundHandler())
+	gone.Close() // a leaver that has exited
+	now := time.Unix(1_800_000_000, 0)
+	ring := &fakeRing{joined: now.Add(-time.Hour)}
+	local := &fakeLocal{}
+	m := newMover(t, ring, local, nil)
+	m.now = func() time.Time { return now }
+	turn := func(key string, followUp bool) {
+		m.BeforeServe(t.Context(), infer.Request{SessionID: key, FollowUp: followUp, Prompt: "hi"})
+	}
+	turn("before", true)
+	ring.leavers = []Peer{{ID: "c", Addr: strings.TrimPrefix(gone.URL, "http://"), Minor: hop.Minor}, b.Peer}
+	turn("new", false)
+	turn("left", true)
+	turn("left", true)
+	if !slices.Equal(local.frames, []string{"frame of left"}) {
+		t.Errorf("imported %q, want the frame of left, once", local.frames)
 	}
 }
 

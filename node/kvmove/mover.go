@@ -38,6 +38,9 @@ type Ring interface {
 	Prefill(peer string) float64
 	// Joined is when this node's ring first held another member (zero: not yet).
 	Joined() time.Time
+	// Leavers are the members that left gracefully a short while ago: they drain and hand
+	// their caches off, and answer pulls meanwhile.
+	Leavers() []Peer
 	// Happened records a cluster event (kind "handoff": a conversation moved).
 	Happened(kind, peer, detail string)
 }
@@ -96,8 +99,9 @@ type Mover struct {
 	limit *rate.Limiter // bytes a second of pushes (nil: no bound)
 
 	mu     sync.Mutex
-	rates  map[string]float64 // bytes a second of past pushes, by peer id (moving average)
-	pulled map[string]bool    // conversations pulled since this node joined (see previousOwner)
+	rates  map[string]float64   // bytes a second of past pushes, by peer id (moving average)
+	pulled map[string]time.Time // when each conversation was last asked for (see previousOwners)
+	handed map[string]bool      // conversations pushed to their heirs on this node's leave
 
 	transfers *prometheus.CounterVec
 	imports   *prometheus.CounterVec // origin
@@ -119,7 +123,8 @@ func New(cfg Config, ring Ring, local Local, auth *hop.Auth, client *http.Client
 		slots:  make(chan struct{}, cfg.Transfers),
 		limit:  newLimit(cfg.Bandwidth),
 		rates:  map[string]float64{},
-		pulled: map[string]bool{},
+		pulled: map[string]time.Time{},
+		handed: map[string]bool{},
 		transfers: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "infernode_kv_transfers_total", Help: "Conversation KV caches pushed to (sent) or taken from (received) peers, by outcome.",
 		}, []string{"direction", "outcome"}),
@@ -167,7 +172,25 @@ func (m *Mover) Push(ctx context.Context, key string, why Why) ([]string, error)
 		return nil, err
 	}
 	defer frame.Release()
-	return m.PushFrame(ctx, key, frame, why)
+	sent, err := m.PushFrame(ctx, key, frame, why)
+	if why == Leaving {
+		m.mu.Lock()
+		if err == nil {
+			m.handed[key] = true
+		} else {
+			delete(m.handed, key)
+		}
+		m.mu.Unlock()
+	}
+	return sent, err
+}
+
+// handedOff reports whether key's conversation, as cached here now, went to its heir on
+// this node's leave.
+func (m *Mover) handedOff(key string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.handed[key]
 }
 
 // PushFrame sends a conversation's KV frame where why says and returns the peers it went

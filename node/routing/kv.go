@@ -20,6 +20,17 @@ func (r *Router) KV() *kvmove.Mover { return r.kv }
 // kvmove.Mover.KeepWarm).
 func (r *Router) Served(key string, draining bool) { r.kv.KeepWarm(key, draining) }
 
+// Leave hands this leaving node's caches off (see node.Cluster): the KV of what is idle as
+// the drain begins, so that a next turn rarely reaches the heir first (it pulls from here
+// if it does: this node answers until it has left); the stored responses and the rest
+// once the drain is over.
+func (r *Router) Leave(ctx context.Context, drained bool) {
+	if drained {
+		r.stored.HandOff(ctx, true) // small records first
+	}
+	r.kv.HandOff(ctx, true)
+}
+
 // TakeKV installs a conversation's KV frame a peer pushed (see kvmove.Mover.Take).
 func (r *Router) TakeKV(ctx context.Context, frame []byte, origin infer.Origin, from string) (infer.Imported, error) {
 	return r.kv.Take(ctx, frame, origin, from)
@@ -129,6 +140,14 @@ func (k kvRing) Joined() time.Time {
 	k.r.v.mu.Lock()
 	defer k.r.v.mu.Unlock()
 	return k.r.v.joined
+}
+
+func (k kvRing) Leavers() []kvmove.Peer {
+	var out []kvmove.Peer
+	for _, c := range k.r.v.leavers() {
+		out = append(out, kvmove.Peer{ID: c.id, Addr: c.addr, Minor: c.minor})
+	}
+	return out
 }
 
 func (k kvRing) Happened(kind, peer, detail string) { k.r.v.events.add(kind, peer, detail) }

@@ -54,6 +54,7 @@ type view struct {
 	started              time.Time              // when the view was made (see settling)
 	settled              atomic.Bool            // it has been ready
 	joined               time.Time              // when this node's ring first held another member (see kvmove's pulls)
+	left                 map[string]time.Time   // when each member that left gracefully was seen leaving (see leavers)
 	ringCh               chan struct{}          // signaled (coalesced) when the ring changes
 	events               *happenings
 	rate                 decodeRate // tokens a second this node generates, as gossiped
@@ -93,6 +94,7 @@ func newView(cfg Config, log *slog.Logger, g Membership, local Engine, client *h
 		down:     map[string]chan struct{}{},
 		names:    map[string]string{cfg.Model: ""},
 		degraded: map[string]bool{},
+		left:     map[string]time.Time{},
 		speed:    newSpeeds(cfg.Gray, clock, log),
 		ringCh:   make(chan struct{}, 1),
 		started:  clock.Now(),
@@ -257,6 +259,12 @@ func (v *view) record(gossiped []gossip.Member) {
 			v.events.add("dead", id, "gossip")
 		case m.State == gossip.Left || m.Meta.Leaving:
 			v.events.add("leave", id, "")
+			v.left[id] = v.clock.Now()
+		}
+	}
+	for id, at := range v.left {
+		if m := byID[id]; serving(m) || m.State == gossip.Dead || v.clock.Now().Sub(at) > leaverWindow {
+			delete(v.left, id)
 		}
 	}
 	for id, m := range byID {
@@ -611,6 +619,26 @@ func (v *view) peer(ip netip.Addr) bool {
 		}
 	}
 	return false
+}
+
+// leaverWindow is how long a member that left gracefully is taken to be draining and
+// handing off: a drain and the hand-off after it take at most node's drain timeout twice.
+const leaverWindow = time.Minute
+
+// leavers are the members of this node's model that left gracefully within leaverWindow
+// and have not died or come back since: they finish their streams and hand their caches
+// off, and answer pulls for them meanwhile. Sorted by id.
+func (v *view) leavers() []candidate {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	var out []candidate
+	for id := range v.left {
+		if m := v.members[id]; m.Meta.HTTPAddr != "" && v.ringOf(m.Meta) == "" {
+			out = append(out, candidate{id: id, addr: m.Meta.HTTPAddr, minor: m.Meta.HopMinor})
+		}
+	}
+	slices.SortFunc(out, func(a, b candidate) int { return strings.Compare(a.id, b.id) })
+	return out
 }
 
 // heirs are up to n members that would own key in turn once the nodes gone (by default
