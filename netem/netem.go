@@ -196,10 +196,12 @@ func (h *Host) Loss(percent int) error {
 	return h.nft(fmt.Sprintf("%s numgen random mod 100 < %d counter drop", match, percent))
 }
 
-// Bandwidth caps what the host sends at kbit kilobits a second (tbf).
+// Bandwidth caps what the host sends at kbit kilobits a second (tbf). The bucket holds
+// 10ms of the rate (at least 32 kbit): tbf refills it on timer ticks, and with a fixed 4 KB
+// bucket a 1 Gbit/s cap carried 446-482 Mbit/s (TestBandwidthRate).
 func (h *Host) Bandwidth(kbit int) error {
 	return run("ip", "netns", "exec", h.NS, "tc", "qdisc", "replace", "dev", "eth0", "root", "tbf",
-		"rate", fmt.Sprintf("%dkbit", kbit), "burst", "32kbit", "latency", "400ms")
+		"rate", fmt.Sprintf("%dkbit", kbit), "burst", fmt.Sprintf("%dkbit", max(32, kbit/100)), "latency", "400ms")
 }
 
 // Dropped is how many packets the host's loss rule has dropped since Loss was called.

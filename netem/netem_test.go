@@ -317,3 +317,20 @@ func TestDelay(t *testing.T) {
 		}
 	}
 }
+
+// TestBandwidthRate: a capped host's TCP stream carries its cap, within 15%: at 100 Mbit/s
+// and at 1 Gbit/s (with a fixed 4 KB bucket the gigabit cap carried 446 Mbit/s).
+func TestBandwidthRate(t *testing.T) {
+	a := topology(t, "inbw", 1).Nodes[0]
+	for _, tc := range []struct{ kbit, bytes int }{{100_000, 8 << 20}, {1_000_000, 64 << 20}} {
+		if err := a.Bandwidth(tc.kbit); err != nil {
+			t.Fatal(err)
+		}
+		took := sendTime(t, a, tc.bytes)
+		got := float64(tc.bytes) * 8 / took.Seconds() / 1e3
+		t.Logf("cap %d kbit/s: %.0f kbit/s", tc.kbit, got)
+		if got < 0.85*float64(tc.kbit) || got > 1.05*float64(tc.kbit) {
+			t.Errorf("cap %d kbit/s carried %.0f kbit/s", tc.kbit, got)
+		}
+	}
+}

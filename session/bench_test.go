@@ -485,3 +485,52 @@ func BenchmarkBatchPriority(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkKVFrame times the engine's ends of a KV transfer for a conversation of about
+// 1,000 tokens: Snapshot (the state copied out of llama.cpp, on the engine goroutine),
+// writing the frame (its header and state) to memory, and Import into a second engine
+// (parse, checks, the state copied in), each as MB/s of the frame.
+func BenchmarkKVFrame(b *testing.B) {
+	src := benchEngine(b, nil)
+	dst := benchEngine(b, nil)
+	history := strings.Repeat("the quiet river runs past the old stone bridge and the green garden ", 70)
+	var snap, write, imp time.Duration
+	var size, tokens int
+	i := 0
+	for b.Loop() {
+		i++
+		key := fmt.Sprintf("frame-%d", i)
+		s, err := src.Submit(context.Background(), infer.Request{SessionID: key, Prompt: history, MaxTokens: 1, Sampling: infer.Greedy()})
+		if err != nil {
+			b.Fatal(err)
+		}
+		s.Collect()
+		start := time.Now()
+		f, err := src.Snapshot(context.Background(), key)
+		if err != nil {
+			b.Fatal(err)
+		}
+		snap += time.Since(start)
+		var buf bytes.Buffer
+		buf.Grow(f.Len())
+		start = time.Now()
+		if _, err := f.WriteTo(&buf); err != nil {
+			b.Fatal(err)
+		}
+		write += time.Since(start)
+		f.Release()
+		start = time.Now()
+		if _, err := dst.Import(context.Background(), buf.Bytes(), infer.Pushed, ""); err != nil {
+			b.Fatal(err)
+		}
+		imp += time.Since(start)
+		size, tokens = buf.Len(), f.Tokens()
+	}
+	rate := func(d time.Duration) float64 { return float64(size) * float64(i) / d.Seconds() / 1e6 }
+	b.ReportMetric(float64(size)/1e6, "frame-MB")
+	b.ReportMetric(float64(tokens), "tokens")
+	b.ReportMetric(rate(snap), "snapshot-MB/s")
+	b.ReportMetric(rate(write), "write-MB/s")
+	b.ReportMetric(rate(imp), "import-MB/s")
+	b.ReportMetric(0, "ns/op")
+}

@@ -265,3 +265,85 @@ func BenchmarkTenantPrefix(b *testing.B) {
 	b.ReportMetric(median(other)/median(cold), "other/cold")
 	b.ReportMetric(median(own)/median(cold), "same/cold")
 }
+
+// BenchmarkKVPush: how fast a conversation's KV moves from one node to another. Each
+// iteration sends a new conversation of about 1,000 prompt tokens to a node of two, which
+// answers one token and pushes the conversation's KV to the other as its replica; the
+// rate is the bytes over the pushes' wall time (export to the peer's answer, its import
+// included), from the nodes' counters. On loopback without a cap, and in network
+// namespaces with each link held to 1 Gbit/s by tbf (and --kv-bandwidth 1000), root
+// only. The model is INFERNODE_BENCH_MODEL when set (make bench-model), else the test model.
+func BenchmarkKVPush(b *testing.B) {
+	model := os.Getenv("INFERNODE_BENCH_MODEL")
+	if model == "" {
+		model = testenv.Model(b)
+	}
+	for _, mbit := range []int{0, 1000} {
+		name := "loopback"
+		if mbit > 0 {
+			name = fmt.Sprintf("cap=%dMbit", mbit)
+		}
+		b.Run(name, func(b *testing.B) {
+			cfg := Config{Binary: binary, Model: model, Nodes: 2, LogDir: b.TempDir(),
+				Args: []string{"--threads", "1", "--replicas", "1", "--log-level", "info"}}
+			if mbit > 0 {
+				if err := netem.Available(); err != nil {
+					b.Skipf("needs network namespaces (root): %v", err)
+				}
+				topo, err := netem.New("inpush", 2)
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer topo.Close()
+				cfg.Topology = topo
+				cfg.Args = append(cfg.Args, "--kv-bandwidth", fmt.Sprint(mbit))
+			}
+			c, err := Start(b.Context(), cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer c.Close()
+			if cfg.Topology != nil {
+				for _, h := range cfg.Topology.Nodes {
+					if err := h.Bandwidth(mbit * 1000); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			if _, err := c.WaitRings(b.Context(), c.IDs(), 30*time.Second); err != nil {
+				b.Fatal(err)
+			}
+			sum := func(what string) float64 {
+				total := 0.0
+				for _, n := range c.Nodes {
+					v, _ := c.Metric(n, what)
+					total += v
+				}
+				return total
+			}
+			const (
+				sent    = `infernode_kv_transfers_total{direction="sent",outcome="ok"}`
+				bytes   = `infernode_kv_transfer_bytes_total{direction="sent"}`
+				seconds = `infernode_kv_transfer_seconds_total{direction="sent"}`
+			)
+			before := []float64{sum(sent), sum(bytes), sum(seconds)}
+			i := 0
+			for b.Loop() {
+				i++
+				m := []message{{"system", fmt.Sprintf("story %d: %s", i, strings.Repeat("a long and winding tale of the river and the sea ", 70))}, {"user", "begin"}}
+				if a := chat(b, c.Nodes[i%2].URL(), m, 1); a.status != 200 {
+					b.Fatalf("status %d", a.status)
+				}
+			}
+			pushes, size, took := sum(sent)-before[0], sum(bytes)-before[1], sum(seconds)-before[2]
+			if pushes == 0 {
+				b.Fatal("no KV was pushed")
+			}
+			b.ReportMetric(size/pushes/1e6, "frame-MB")
+			b.ReportMetric(took/pushes*1000, "push-ms")
+			b.ReportMetric(size/took/1e6, "MB/s")
+			b.ReportMetric(size/took*8/1e6, "Mbit/s")
+			b.ReportMetric(pushes, "pushes")
+		})
+	}
+}
