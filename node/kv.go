@@ -3,6 +3,7 @@ package node
 import (
 	"bufio"
 	"errors"
+	"strconv"
 
 	"github.com/valyala/fasthttp"
 
@@ -65,6 +66,7 @@ func (s *Server) handlePull(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	ctx.SetContentType("application/octet-stream")
+	ctx.Response.Header.Set(hop.HeaderFrameBytes, strconv.Itoa(frame.Len()))
 	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
 		defer frame.Release()
 		frame.WriteTo(w) // flushes, and counts the transfer

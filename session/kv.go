@@ -1,12 +1,12 @@
 package session
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"fmt"
 	"io"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/infernode/infernode/session/infer"
@@ -69,13 +69,13 @@ func (e *Engine) Snapshot(ctx context.Context, key string) (*Snapshot, error) {
 		err = infer.ErrNotCached
 	})
 	if err = cmp.Or(doErr, err); err != nil {
-		stateBufs.Put(buf)
+		putStateBuffer(buf)
 		return nil, err
 	}
 	h := frameHeader{Fingerprint: e.cfg.Fingerprint, KVType: e.cfg.KVType, Key: key, Share: share}
 	head, err := frameHead(h, tokens, state)
 	if err != nil {
-		stateBufs.Put(buf)
+		putStateBuffer(buf)
 		return nil, fmt.Errorf("export %q: %w", key, err)
 	}
 	return &Snapshot{head: head, state: state, tokens: len(tokens), buf: buf}, nil
@@ -91,6 +91,11 @@ func (s *Snapshot) WriteTo(w io.Writer) (int64, error) {
 	return int64(n + m), err
 }
 
+// Reader reads the frame from memory: a request body that needs no goroutine to write it.
+func (s *Snapshot) Reader() io.Reader {
+	return io.MultiReader(bytes.NewReader(s.head), bytes.NewReader(s.state))
+}
+
 // Len is the frame's size; Tokens the conversation's tokens.
 func (s *Snapshot) Len() int    { return len(s.head) + len(s.state) }
 func (s *Snapshot) Tokens() int { return s.tokens }
@@ -98,7 +103,7 @@ func (s *Snapshot) Tokens() int { return s.tokens }
 // Release returns the state's buffer; the snapshot is not used after.
 func (s *Snapshot) Release() {
 	if s.buf != nil {
-		stateBufs.Put(s.buf)
+		putStateBuffer(s.buf)
 		s.buf, s.state = nil, nil
 	}
 }
@@ -122,14 +127,35 @@ func (e *Engine) Export(ctx context.Context, key string, w io.Writer) (int, erro
 // cores all run llama.cpp's threads that time comes out of the steps of the streams
 // decoding (measured on the receiving side, when imports still copied the state:
 // BenchmarkImportStall's p99 inter-token latency was 2.9-4.6x the baseline with a fresh
-// buffer for every import, 1.4x with a reused one).
-var stateBufs sync.Pool
+// buffer for every import, 1.4x with a reused one). They are a free list, not a
+// sync.Pool, whose buffers every garbage collection drops: on the machines this project
+// is measured on, touching memory the process got back from the kernel costs about 14µs
+// a page (a 27 MB frame's buffer, 100 ms: more than its snapshot and its transfer). At
+// most keptStates buffers of at most maxKeptState bytes are kept.
+var stateBufs = make(chan *[]byte, keptStates)
+
+const (
+	keptStates   = 2 // kvmove's concurrent transfers
+	maxKeptState = 256 << 20
+)
 
 func stateBuffer() *[]byte {
-	if b, ok := stateBufs.Get().(*[]byte); ok {
+	select {
+	case b := <-stateBufs:
 		return b
+	default:
+		return new([]byte)
 	}
-	return new([]byte)
+}
+
+func putStateBuffer(b *[]byte) {
+	if cap(*b) > maxKeptState {
+		return
+	}
+	select {
+	case stateBufs <- b:
+	default:
+	}
 }
 
 // Import checks a KV frame and installs it as its conversation's cache (from where the

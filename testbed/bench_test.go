@@ -1,8 +1,12 @@
 package testbed
 
 import (
+	"crypto/sha256"
 	"encoding/json"
 	"fmt"
+	"io"
+	"math"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -10,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/infernode/infernode/internal/poll"
 	"github.com/infernode/infernode/internal/testenv"
 	"github.com/infernode/infernode/netem"
 )
@@ -266,13 +271,16 @@ func BenchmarkTenantPrefix(b *testing.B) {
 	b.ReportMetric(median(own)/median(cold), "same/cold")
 }
 
-// BenchmarkKVPush: how fast a conversation's KV moves from one node to another. Each
-// iteration sends a new conversation of about 1,000 prompt tokens to a node of two, which
-// answers one token and pushes the conversation's KV to the other as its replica; the
-// rate is the bytes over the pushes' wall time (export to the peer's answer, its import
-// included), from the nodes' counters. On loopback without a cap, and in network
-// namespaces with each link held to 1 Gbit/s by tbf (and --kv-bandwidth 1000), root
-// only. The model is INFERNODE_BENCH_MODEL when set (make bench-model), else the test model.
+// BenchmarkKVPush: how fast a conversation's KV moves from one node to another. A
+// conversation of about 1,000 prompt tokens goes to one node of two; each iteration sends
+// its next turn (a few tokens more, one token answered), after which the node pushes the
+// whole conversation's KV to the other as its replica. The rate is the bytes over the
+// pushes' wall time (from the sender's hash of the frame to the peer's answer, the peer's
+// check and import included), from the nodes' counters; the first push, into memory
+// neither process has touched yet, is reported apart (cold-push-ms). On loopback with no
+// cap (--kv-bandwidth 0), and in network namespaces with each link held to 1 Gbit/s by
+// tbf and --kv-bandwidth 1000 (root only). The model is INFERNODE_BENCH_MODEL when set
+// (make bench-model), else the test model.
 func BenchmarkKVPush(b *testing.B) {
 	model := os.Getenv("INFERNODE_BENCH_MODEL")
 	if model == "" {
@@ -285,7 +293,7 @@ func BenchmarkKVPush(b *testing.B) {
 		}
 		b.Run(name, func(b *testing.B) {
 			cfg := Config{Binary: binary, Model: model, Nodes: 2, LogDir: b.TempDir(),
-				Args: []string{"--threads", "1", "--replicas", "1", "--log-level", "info"}}
+				Args: []string{"--threads", "1", "--replicas", "1", "--log-level", "info", "--kv-bandwidth", fmt.Sprint(mbit)}}
 			if mbit > 0 {
 				if err := netem.Available(); err != nil {
 					b.Skipf("needs network namespaces (root): %v", err)
@@ -296,7 +304,6 @@ func BenchmarkKVPush(b *testing.B) {
 				}
 				defer topo.Close()
 				cfg.Topology = topo
-				cfg.Args = append(cfg.Args, "--kv-bandwidth", fmt.Sprint(mbit))
 			}
 			c, err := Start(b.Context(), cfg)
 			if err != nil {
@@ -313,37 +320,122 @@ func BenchmarkKVPush(b *testing.B) {
 			if _, err := c.WaitRings(b.Context(), c.IDs(), 30*time.Second); err != nil {
 				b.Fatal(err)
 			}
-			sum := func(what string) float64 {
-				total := 0.0
-				for _, n := range c.Nodes {
-					v, _ := c.Metric(n, what)
-					total += v
-				}
-				return total
-			}
 			const (
 				sent    = `infernode_kv_transfers_total{direction="sent",outcome="ok"}`
 				bytes   = `infernode_kv_transfer_bytes_total{direction="sent"}`
 				seconds = `infernode_kv_transfer_seconds_total{direction="sent"}`
 			)
-			before := []float64{sum(sent), sum(bytes), sum(seconds)}
-			i := 0
-			for b.Loop() {
-				i++
-				m := []message{{"system", fmt.Sprintf("story %d: %s", i, strings.Repeat("a long and winding tale of the river and the sea ", 70))}, {"user", "begin"}}
-				if a := chat(b, c.Nodes[i%2].URL(), m, 1); a.status != 200 {
-					b.Fatalf("status %d", a.status)
+			counters := func(n *Node) [3]float64 {
+				var v [3]float64
+				for i, what := range []string{sent, bytes, seconds} {
+					v[i], _ = c.Metric(n, what)
+				}
+				return v
+			}
+			m := []message{{"system", "story: " + strings.Repeat("a long and winding tale of the river and the sea ", 70)}, {"user", "begin"}}
+			first := chat(b, c.Nodes[0].URL(), m, 1)
+			var owner *Node
+			for _, n := range c.Nodes {
+				if n.ID == first.node {
+					owner = n
 				}
 			}
-			pushes, size, took := sum(sent)-before[0], sum(bytes)-before[1], sum(seconds)-before[2]
+			if owner == nil || !poll.Within(10*time.Second, 20*time.Millisecond, func() bool { return counters(owner)[0] == 1 }) {
+				b.Fatalf("the first turn, served by %q, pushed no replica", first.node)
+			}
+			cold := counters(owner)
+			m = append(m, message{"assistant", first.text})
+			for b.Loop() {
+				m = append(m, message{"user", "go on"})
+				a := chat(b, owner.URL(), m, 1)
+				if a.status != 200 || a.node != owner.ID || a.cached == 0 {
+					b.Fatalf("turn %d: status %d on %q, %d tokens cached", len(m)/2, a.status, a.node, a.cached)
+				}
+				m = append(m, message{"assistant", a.text})
+			}
+			end := counters(owner)
+			pushes, size, took := end[0]-cold[0], end[1]-cold[1], end[2]-cold[2]
 			if pushes == 0 {
 				b.Fatal("no KV was pushed")
 			}
-			b.ReportMetric(size/pushes/1e6, "frame-MB")
+			frame := size / pushes
+			// The floor, measured here in the same run: the sender hashes the frame for its
+			// signature, the wire carries it, the receiver hashes it again to check the
+			// signature and imports it (the receiver's counter: the import alone).
+			var imported float64
+			for _, n := range c.Nodes {
+				if n != owner {
+					imported, _ = c.Metric(n, `infernode_kv_transfer_seconds_total{direction="received"}`)
+				}
+			}
+			hash := sha256Time(int(frame))
+			wire := time.Duration(frame * 8 / float64(mbit) / 1e6 * float64(time.Second))
+			if mbit == 0 {
+				wire = loopbackTime(b, int(frame))
+			}
+			floor := 2*hash + wire + time.Duration(imported/(pushes+1)*float64(time.Second))
+			b.ReportMetric(cold[2]*1000, "cold-push-ms")
+			b.ReportMetric(frame/1e6, "frame-MB")
 			b.ReportMetric(took/pushes*1000, "push-ms")
+			b.ReportMetric(float64(floor.Microseconds())/1000, "floor-ms")
+			b.ReportMetric(float64(hash.Microseconds())/1000, "sha256-ms")
+			b.ReportMetric(float64(wire.Microseconds())/1000, "wire-ms")
+			b.ReportMetric(imported/(pushes+1)*1000, "import-ms")
 			b.ReportMetric(size/took/1e6, "MB/s")
 			b.ReportMetric(size/took*8/1e6, "Mbit/s")
+			if mbit > 0 {
+				b.ReportMetric(size/took*8/1e6/float64(mbit), "link-share")
+			}
 			b.ReportMetric(pushes, "pushes")
 		})
 	}
+}
+
+// sha256Time is the best of three times to hash n bytes with SHA-256 here.
+func sha256Time(n int) time.Duration {
+	buf := make([]byte, n)
+	best := time.Duration(math.MaxInt64)
+	for range 3 {
+		start := time.Now()
+		sha256.Sum256(buf)
+		best = min(best, time.Since(start))
+	}
+	return best
+}
+
+// loopbackTime is the best of three times to send n bytes over a TCP connection on
+// loopback, from memory to memory (both buffers touched before).
+func loopbackTime(b *testing.B, n int) time.Duration {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	src, dst := make([]byte, n), make([]byte, n)
+	best := time.Duration(math.MaxInt64)
+	for range 3 {
+		done := make(chan error, 1)
+		go func() {
+			c, err := ln.Accept()
+			if err == nil {
+				_, err = io.ReadFull(c, dst)
+				c.Close()
+			}
+			done <- err
+		}()
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			b.Fatal(err)
+		}
+		start := time.Now()
+		if _, err := c.Write(src); err != nil {
+			b.Fatal(err)
+		}
+		if err := <-done; err != nil {
+			b.Fatal(err)
+		}
+		best = min(best, time.Since(start))
+		c.Close()
+	}
+	return best
 }

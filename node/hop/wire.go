@@ -79,6 +79,9 @@ const (
 	// (a hand-off), so the next turn can say how its cache came (SourceHeader).
 	HeaderKVWhy  = "X-Infernode-KV-Why"
 	KVWhyLeaving = "leaving"
+	// HeaderFrameBytes is the size of the KV frame a pull's answer streams, so that the
+	// puller reads it into one buffer of that size (an older node does not send it).
+	HeaderFrameBytes = "X-Infernode-Frame-Bytes"
 
 	// NodeHeader names the node that served an answer; PromptHeader how many tokens its
 	// prompt has and CachedHeader how many of them it found in its KV cache. Set on hop

@@ -1,6 +1,7 @@
 package kvmove
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -9,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -99,6 +101,7 @@ func startPeer(t *testing.T, id string) *peer {
 			}
 			frame := []byte("frame of " + string(body))
 			p.auth.SignAnswer(w.Header().Set, hop.PullPath, r.Header.Get(hop.HeaderFrom), nonce, sha256.Sum256(frame))
+			w.Header().Set(hop.HeaderFrameBytes, strconv.Itoa(len(frame)))
 			w.Write(frame)
 		}
 	}))
@@ -137,6 +140,11 @@ func (f testFrame) Len() int    { return f.size }
 func (f testFrame) Tokens() int { return f.tokens }
 func (testFrame) Release()      {}
 
+// memFrame is a frame in memory that can be read as a request body, as the engine's are.
+type memFrame struct{ testFrame }
+
+func (f memFrame) Reader() io.Reader { return bytes.NewReader(make([]byte, f.size)) }
+
 // TestPushes: a replica goes, signed, to every heir (up to Replicas) on the replica path;
 // a hand-off on leaving to the first heir; a push to the owner to the owner; with no one
 // to take it, ErrNoOwner.
@@ -145,15 +153,16 @@ func TestPushes(t *testing.T) {
 	ring := &fakeRing{owner: map[string]Peer{"moved": d.Peer}, heirs: []Peer{b.Peer, c.Peer}}
 	m := newMover(t, ring, &fakeLocal{}, func(c *Config) { c.Replicas = 2 })
 	for _, tc := range []struct {
-		key  string
-		why  Why
-		sent []string
+		key   string
+		why   Why
+		frame infer.Frame
+		sent  []string
 	}{
-		{"k", Replica, []string{"b", "c"}},
-		{"k", Leaving, []string{"b"}},
-		{"moved", ToOwner, []string{"d"}},
+		{"k", Replica, testFrame{1000, 10}, []string{"b", "c"}},
+		{"k", Leaving, testFrame{1000, 10}, []string{"b"}},
+		{"moved", ToOwner, memFrame{testFrame{1000, 10}}, []string{"d"}}, // the body read from memory, not piped
 	} {
-		sent, err := m.PushFrame(t.Context(), tc.key, testFrame{1000, 10}, tc.why)
+		sent, err := m.PushFrame(t.Context(), tc.key, tc.frame, tc.why)
 		if err != nil || !slices.Equal(sent, tc.sent) {
 			t.Errorf("push %d of %q: sent to %v (%v), want %v", tc.why, tc.key, sent, err, tc.sent)
 		}
@@ -176,7 +185,7 @@ func TestPushes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m2.PushFrame(t.Context(), "moved", testFrame{10, 1}, ToOwner); err == nil || !strings.Contains(err.Error(), "push KV to d") {
+	if _, err := m2.PushFrame(t.Context(), "moved", memFrame{testFrame{10, 1}}, ToOwner); err == nil || !strings.Contains(err.Error(), "push KV to d") {
 		t.Errorf("push signed with another key: %v, want refused by d", err)
 	}
 }
@@ -307,8 +316,8 @@ func TestPullFromLeavers(t *testing.T) {
 
 // TestPullAnswerBound: a pulled frame is installed only when the node asked signed it for
 // this very pull and it is of the conversation asked for: an unsigned answer, one signed
-// for another pull, one signed with another key, and a frame of another conversation
-// change nothing.
+// for another pull, one signed with another key, one shorter than the size it declares,
+// and a frame of another conversation change nothing.
 func TestPullAnswerBound(t *testing.T) {
 	b := startPeer(t, "b")
 	local := &fakeLocal{}
@@ -325,6 +334,12 @@ func TestPullAnswerBound(t *testing.T) {
 		"signed with another key": func(key, nonce string, w http.ResponseWriter) {
 			f := []byte("frame of " + key)
 			other.SignAnswer(w.Header().Set, hop.PullPath, "a", nonce, sha256.Sum256(f))
+			w.Write(f)
+		},
+		"shorter than it says": func(key, nonce string, w http.ResponseWriter) {
+			f := []byte("frame of " + key)
+			b.auth.SignAnswer(w.Header().Set, hop.PullPath, "a", nonce, sha256.Sum256(f))
+			w.Header().Set(hop.HeaderFrameBytes, strconv.Itoa(len(f)+1))
 			w.Write(f)
 		},
 		"another conversation": func(_, nonce string, w http.ResponseWriter) {

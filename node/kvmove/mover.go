@@ -341,8 +341,34 @@ func (p *paced) Read(b []byte) (int, error) {
 	return n, err
 }
 
-// send posts frame to p: written once to hash it for the signature, then again into the
-// request's body as the transport reads it, so the frame is never held whole.
+// frameBody is a request body read from a frame's memory (no goroutine writes it, as a
+// pipe needs) that stops reading it once closed: the transport may read a body after Do
+// returns (an answer that came before the body's end), and the frame's memory is reused
+// once send returns.
+type frameBody struct {
+	mu sync.Mutex
+	r  io.Reader
+}
+
+func (b *frameBody) Read(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.r == nil {
+		return 0, io.ErrClosedPipe
+	}
+	return b.r.Read(p)
+}
+
+func (b *frameBody) Close() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.r = nil
+	return nil
+}
+
+// send posts frame to p: written once to hash it for the signature, then read again as
+// the request's body (from its memory where it has any, else through a pipe, so that the
+// frame is never copied whole).
 func (m *Mover) send(ctx context.Context, p Peer, path string, frame infer.Frame, why Why) error {
 	ctx, cancel := context.WithTimeout(ctx, m.cfg.Timeout)
 	defer cancel()
@@ -350,15 +376,22 @@ func (m *Mover) send(ctx context.Context, p Peer, path string, frame infer.Frame
 	if _, err := frame.WriteTo(hash); err != nil {
 		return err
 	}
-	pr, pw := io.Pipe()
-	written := make(chan struct{})
-	go func() {
-		defer close(written)
-		_, err := frame.WriteTo(pw)
-		pw.CloseWithError(err)
-	}()
-	defer func() { pr.Close(); <-written }() // the frame is the caller's again once this returns
-	var body io.Reader = pr
+	var body io.Reader
+	if r, ok := frame.(interface{ Reader() io.Reader }); ok {
+		fb := &frameBody{r: r.Reader()}
+		defer fb.Close()
+		body = fb
+	} else {
+		pr, pw := io.Pipe()
+		written := make(chan struct{})
+		go func() {
+			defer close(written)
+			_, err := frame.WriteTo(pw)
+			pw.CloseWithError(err)
+		}()
+		defer func() { pr.Close(); <-written }() // the frame is the caller's again once this returns
+		body = pr
+	}
 	if m.limit != nil {
 		body = &paced{ctx: ctx, r: body, limit: m.limit}
 	}
@@ -382,5 +415,8 @@ func (m *Mover) send(ctx context.Context, p Peer, path string, frame infer.Frame
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("push KV to %s: %w", p.ID, hop.DecodeError(resp))
 	}
-	return nil
+	// Read to its end, so that the connection is kept for the next frame (see
+	// routing.New's KV transport).
+	_, err = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	return err
 }

@@ -10,6 +10,7 @@ import (
 	"maps"
 	"net/http"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/infernode/infernode/node/hop"
@@ -117,7 +118,7 @@ func (m *Mover) pull(ctx context.Context, from Peer, key string) (int, error) {
 	default:
 		return 0, fmt.Errorf("pull KV from %s: %w", from.ID, hop.DecodeError(resp))
 	}
-	frame, err := io.ReadAll(io.LimitReader(resp.Body, maxPulled+1))
+	frame, err := readFrame(resp)
 	switch {
 	case err != nil:
 		return 0, fmt.Errorf("pull KV from %s: %w", from.ID, err)
@@ -134,6 +135,20 @@ func (m *Mover) pull(ctx context.Context, from Peer, key string) (int, error) {
 	}
 	m.imports.WithLabelValues(string(infer.Pulled)).Inc()
 	return len(frame), nil
+}
+
+// readFrame reads a pull's answer: into one buffer of the size the answer declares (up to
+// maxPulled), else growing one as io.ReadAll does, up to one byte past maxPulled.
+func readFrame(resp *http.Response) ([]byte, error) {
+	n, err := strconv.Atoi(resp.Header.Get(hop.HeaderFrameBytes))
+	if err != nil || n < 0 || n > maxPulled {
+		return io.ReadAll(io.LimitReader(resp.Body, maxPulled+1))
+	}
+	frame := make([]byte, n)
+	if _, err := io.ReadFull(resp.Body, frame); err != nil {
+		return nil, err
+	}
+	return frame, nil
 }
 
 // Take installs a frame a peer pushed (the receiving end of a push or a replica), which

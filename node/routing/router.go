@@ -77,12 +77,25 @@ func New(cfg Config, g Membership, local Engine) (*Router, error) {
 	if clock == nil {
 		clock = realClock{}
 	}
-	transport := cfg.Transport
+	transport, kvTransport := cfg.Transport, cfg.Transport
 	if transport == nil {
+		dial := (&net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second}).DialContext
 		transport = &http.Transport{
-			DialContext:         (&net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second}).DialContext,
+			DialContext:         dial,
 			MaxIdleConnsPerHost: 64,
 			IdleConnTimeout:     10 * time.Second, // a burst's extra connections close soon after it
+		}
+		// KV frames go over connections of their own, one a transfer at most, kept open
+		// between transfers: a peer keeps a connection's body buffer between its requests
+		// (fasthttp), so a frame lands in memory the last one touched. In fresh memory, a
+		// 27 MB push took 300-600 ms on loopback instead of 60 (BenchmarkKVPush): the
+		// pages' first touch, not the copy. Closed before the peer's idle timeout.
+		kvTransport = &http.Transport{
+			DialContext:         dial,
+			MaxIdleConnsPerHost: cfg.KV.Transfers,
+			IdleConnTimeout:     time.Minute,
+			WriteBufferSize:     64 << 10,
+			ReadBufferSize:      64 << 10,
 		}
 	}
 	client := &http.Client{Transport: transport}
@@ -113,7 +126,7 @@ func New(cfg Config, g Membership, local Engine) (*Router, error) {
 		kv.Logger = r.log
 	}
 	var err error
-	if r.kv, err = kvmove.New(kv, kvRing{r}, local, r.hop, r.client, clock.Now); err != nil {
+	if r.kv, err = kvmove.New(kv, kvRing{r}, local, r.hop, &http.Client{Transport: kvTransport}, clock.Now); err != nil {
 		return nil, err
 	}
 	st := cfg.Stored
