@@ -2,11 +2,13 @@ package node
 
 import (
 	"context"
+	"errors"
 	"net/netip"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/infernode/infernode/node/answers"
 	"github.com/infernode/infernode/node/hop"
 	"github.com/infernode/infernode/node/quota"
 	"github.com/infernode/infernode/node/routing"
@@ -65,27 +67,30 @@ type Cluster interface {
 }
 
 // Standalone is a node without peers: everything is served here (groupcache's NoPeers),
-// with stored responses kept as stored.DefaultConfig says.
+// with stored responses and answers kept as stored.DefaultConfig and
+// answers.DefaultConfig say.
 func Standalone(engine Engine, model string) Cluster {
-	c, _ := StandaloneWith(engine, model, stored.DefaultConfig())
+	c, _ := StandaloneWith(engine, model, stored.DefaultConfig(), answers.DefaultConfig())
 	return c
 }
 
-// StandaloneWith is Standalone with stored responses kept as st says.
-func StandaloneWith(engine Engine, model string, st stored.Config) (Cluster, error) {
+// StandaloneWith is Standalone with stored responses kept as st says, answers as ans.
+func StandaloneWith(engine Engine, model string, st stored.Config, ans answers.Config) (Cluster, error) {
 	k, err := stored.New(st, nil, nil, nil, time.Now)
-	return standalone{engine, model, k, quota.New(nil, nil, nil, nil, time.Now, nil)}, err
+	err = errors.Join(err, ans.Validate())
+	return standalone{engine, model, k, quota.New(nil, nil, nil, nil, time.Now, nil), answers.New(ans, model, time.Now)}, err
 }
 
 type standalone struct {
-	engine Engine
-	model  string
-	stored *stored.Keeper
-	quota  *quota.Quota
+	engine  Engine
+	model   string
+	stored  *stored.Keeper
+	quota   *quota.Quota
+	answers *answers.Cache
 }
 
 func (s standalone) Submit(ctx context.Context, req infer.Request) (infer.Stream, error) {
-	return s.engine.Submit(ctx, req)
+	return s.ServeLocal(ctx, req)
 }
 
 // SubmitModel is never called for a standalone node (no peer serves another model).
@@ -99,7 +104,7 @@ func (standalone) Handoff(context.Context, infer.Request) (infer.Stream, error) 
 }
 
 func (s standalone) ServeLocal(ctx context.Context, req infer.Request) (infer.Stream, error) {
-	return s.engine.Submit(ctx, req)
+	return s.answers.Serve(req, func() (infer.Stream, error) { return s.engine.Submit(ctx, req) })
 }
 
 func (standalone) Route(infer.Stream) (string, int, int) { return "", 0, 0 }
@@ -135,7 +140,7 @@ func (s standalone) Models() []routing.ModelInfo {
 func (standalone) Serves(string) bool    { return false }
 func (standalone) View(int) routing.View { return routing.View{} }
 func (s standalone) Collectors() []prometheus.Collector {
-	return append(s.stored.Collectors(), s.quota.Collectors()...)
+	return append(append(s.stored.Collectors(), s.quota.Collectors()...), s.answers.Collectors()...)
 }
 func (standalone) Happened(string, string) {}
 func (standalone) Happenings() ([]routing.Happening, <-chan routing.Happening, func()) {

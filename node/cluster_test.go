@@ -264,10 +264,10 @@ func TestHopAuthentication(t *testing.T) {
 	}
 
 	// A newer minor version's extra field is ignored; a newer major version is refused.
-	newer := handHop{from: "n1", to: "n2", version: "1.7", key: testSecret,
+	newer := handHop{from: "n1", to: "n2", version: "1.9", key: testSecret,
 		body: `{"model":"fake","session_id":"k","prompt":"hi","temperature":0,"top_p":1,"speculative":{"draft":"x"}}`}
 	if status, out := newer.send(t, target.url); status != 200 {
-		t.Errorf("hop with an unknown field from version 1.7: status %d (%s), want 200", status, out)
+		t.Errorf("hop with an unknown field from version 1.9: status %d (%s), want 200", status, out)
 	}
 	major := newer
 	major.version = "2.0"

@@ -29,6 +29,12 @@ func (s *Server) admit(ctx *fasthttp.RequestCtx, c *completion) bool {
 			c.batch[i].req.Batch = true
 		}
 	}
+	if lim.CacheAnswers {
+		c.req.CacheAnswer = true
+		for i := range c.batch {
+			c.batch[i].req.CacheAnswer = true
+		}
+	}
 	tokens := 0
 	if lim.TPM > 0 {
 		tokens = s.charge(c)

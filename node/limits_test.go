@@ -2,10 +2,12 @@ package node
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -79,6 +81,44 @@ func TestBatchPriority(t *testing.T) {
 		last := engine.last.Load()
 		if resp.StatusCode != tc.status || (last != nil && last.Batch != tc.batch) {
 			t.Errorf("%s %s: %d, batch %v; want %d, %v", tc.key, tc.body, resp.StatusCode, last != nil && last.Batch, tc.status, tc.batch)
+		}
+	}
+}
+
+// TestResponseCacheOptIn: a greedy request is answered from the response cache when it
+// asks (response_cache) or its tenant's limits say response_cache=on, and computed every
+// time otherwise; the cached answer's usage says so.
+func TestResponseCacheOptIn(t *testing.T) {
+	limits := filepath.Join(t.TempDir(), "limits")
+	os.WriteFile(limits, []byte("beta response_cache=on\n"), 0o600)
+	keys := writeKeys(t, "key-of-tenant-a-0001 alpha\nkey-of-tenant-b-0002 beta\n")
+	engine := &fakeEngine{n: 3}
+	url, _ := startStandalone(t, engine, func(c *Config) { c.KeyFile, c.LimitsFile = keys, limits })
+	for _, tc := range []struct {
+		key, body string
+		computed  int64 // of two asks
+	}{
+		{"key-of-tenant-a-0001", `{"prompt":"hi","temperature":0}`, 2},
+		{"key-of-tenant-a-0001", `{"prompt":"hi there","temperature":0,"response_cache":true}`, 1},
+		{"key-of-tenant-a-0001", `{"prompt":"hi you","temperature":0.5,"response_cache":true}`, 2},
+		{"key-of-tenant-b-0002", `{"prompt":"hi","temperature":0}`, 1},
+	} {
+		before := engine.served.Load()
+		var usage []string
+		for range 2 {
+			resp := postJSON(t, url+"/v1/completions", tc.body, "Authorization", "Bearer "+tc.key)
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 {
+				t.Fatalf("%s: %d %s", tc.body, resp.StatusCode, b)
+			}
+			usage = append(usage, fmt.Sprint(strings.Contains(string(b), `"response_cached":true`)))
+		}
+		if got := engine.served.Load() - before; got != tc.computed {
+			t.Errorf("%s %s: computed %d of 2 asks, want %d", tc.key, tc.body, got, tc.computed)
+		}
+		if want := fmt.Sprint(tc.computed == 1); usage[1] != want || usage[0] != "false" {
+			t.Errorf("%s %s: usage says cached %v", tc.key, tc.body, usage)
 		}
 	}
 }

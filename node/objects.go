@@ -13,6 +13,9 @@ type usage struct {
 	CompletionTokens    int           `json:"completion_tokens"`
 	TotalTokens         int           `json:"total_tokens"`
 	PromptTokensDetails promptDetails `json:"prompt_tokens_details"`
+	// ResponseCached: the whole answer came from the response cache (an infernode
+	// extension; see node/answers).
+	ResponseCached bool `json:"response_cached,omitempty"`
 }
 
 type promptDetails struct {
@@ -21,7 +24,7 @@ type promptDetails struct {
 
 func usageOf(r infer.Result) usage {
 	return usage{PromptTokens: r.PromptTokens, CompletionTokens: r.CompletionTokens,
-		TotalTokens: r.PromptTokens + r.CompletionTokens, PromptTokensDetails: promptDetails{r.CachedTokens}}
+		TotalTokens: r.PromptTokens + r.CompletionTokens, PromptTokensDetails: promptDetails{r.CachedTokens}, ResponseCached: r.FromCache}
 }
 
 type message struct {

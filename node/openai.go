@@ -36,6 +36,7 @@ type params struct {
 	User                string         `json:"user"`
 	SessionID           string         `json:"session_id"` // infernode extension: the conversation key
 	CacheSalt           string         `json:"cache_salt"` // vLLM's: share cached prefixes only with requests of the same salt
+	ResponseCache       bool           `json:"response_cache"` // infernode extension: a greedy answer may come from the owner's response cache (see node/answers)
 
 	echo bool // a text completion's echo: logprobs score the prompt too, and max_tokens may be 0 (the prompt's score alone)
 
@@ -285,6 +286,7 @@ func (p *params) sessionRequest() (infer.Request, error) {
 		}
 	}
 	req.Stop = p.Stop
+	req.CacheAnswer = p.ResponseCache
 	if p.ServiceTier != nil {
 		switch *p.ServiceTier {
 		case "flex":

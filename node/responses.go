@@ -45,7 +45,8 @@ type responsesRequest struct {
 	PreviousResponseID string          `json:"previous_response_id"`
 	PromptCacheKey     string          `json:"prompt_cache_key"` // names the conversation, as session_id does
 	User               string          `json:"user"`
-	Seed               *int64          `json:"seed"` // infernode extension, as on chat
+	Seed               *int64          `json:"seed"`           // infernode extension, as on chat
+	ResponseCache      bool            `json:"response_cache"` // infernode extension, as on chat
 
 	// Accepted and ignored: they do not change the answer.
 	Metadata             map[string]any `json:"metadata"`
@@ -335,7 +336,7 @@ func (s *Server) parseResponses(ctx *fasthttp.RequestCtx) (*completion, error) {
 		return nil, badRequest("input", "input has no message")
 	}
 	chat := chatRequest{Messages: msgs, params: params{Model: r.Model, MaxTokens: r.MaxOutputTokens, Temperature: r.Temperature,
-		TopP: r.TopP, Seed: r.Seed, Stream: r.Stream, User: r.User, SessionID: r.PromptCacheKey, ServiceTier: r.ServiceTier,
+		TopP: r.TopP, Seed: r.Seed, Stream: r.Stream, User: r.User, SessionID: r.PromptCacheKey, ServiceTier: r.ServiceTier, ResponseCache: r.ResponseCache,
 		ToolChoice: r.ToolChoice, ParallelToolCalls: r.ParallelToolCalls}}
 	if r.MaxOutputTokens != nil {
 		chat.MaxTokens = nil
@@ -541,6 +542,7 @@ type responsesUsage struct {
 	OutputTokens        int            `json:"output_tokens"`
 	OutputTokensDetails map[string]int `json:"output_tokens_details"`
 	TotalTokens         int            `json:"total_tokens"`
+	ResponseCached      bool           `json:"response_cached,omitempty"` // infernode extension, as on chat
 }
 
 // outputItem is a message or a function call of a response's output.
@@ -643,7 +645,7 @@ func (s *Server) finishResponse(c *completion, st infer.Stream, text string, res
 	o.CompletedAt = &done
 	o.Usage = &responsesUsage{InputTokens: res.PromptTokens, InputTokensDetails: map[string]int{"cached_tokens": res.CachedTokens},
 		OutputTokens: res.CompletionTokens, OutputTokensDetails: map[string]int{"reasoning_tokens": 0},
-		TotalTokens: res.PromptTokens + res.CompletionTokens}
+		TotalTokens: res.PromptTokens + res.CompletionTokens, ResponseCached: res.FromCache}
 	if !t.store {
 		return o, nil
 	}

@@ -161,6 +161,8 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.Float64Var(&rc.KV.Bandwidth, "kv-bandwidth", rc.KV.Bandwidth, "Mbit/s this node's KV transfers may use together (0: unbounded)")
 	fs.DurationVar(&rc.Stored.TTL, "responses-ttl", rc.Stored.TTL, "how long a stored Responses API response is kept")
 	fs.Int64Var(&rc.Stored.MaxBytes, "responses-bytes", rc.Stored.MaxBytes, "bytes of stored responses a node keeps; past it the least recently used go")
+	fs.Int64Var(&rc.Answers.MaxBytes, "response-cache-bytes", rc.Answers.MaxBytes, "bytes of whole answers the exact-match response cache keeps (greedy requests that ask for it); 0 turns it off")
+	fs.DurationVar(&rc.Answers.TTL, "response-cache-ttl", rc.Answers.TTL, "how long the response cache serves an answer")
 	fs.StringVar(&scaleHook, "scale-hook", "", "command run (sh -c) when the autoscaler wants another node count, on the one node that fires it,\nwith INFERNODE_CURRENT_NODES and INFERNODE_DESIRED_NODES set (deploy/kubernetes/scale-hook.sh scales the StatefulSet)")
 	fs.IntVar(&rc.Scale.Min, "scale-min", rc.Scale.Min, "fewest nodes the autoscaler asks for")
 	fs.IntVar(&rc.Scale.Max, "scale-max", rc.Scale.Max, "most nodes the autoscaler asks for")
@@ -424,7 +426,7 @@ func serve(opts options, log *slog.Logger) error {
 	local := &session.Handle{}
 	var router *routing.Router
 	var g *gossip.Gossip
-	cluster, err := node.StandaloneWith(local, opts.node.ModelName, opts.routing.Stored)
+	cluster, err := node.StandaloneWith(local, opts.node.ModelName, opts.routing.Stored, opts.routing.Answers)
 	if err != nil {
 		ln.Close()
 		return err

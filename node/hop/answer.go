@@ -135,5 +135,6 @@ func (a *Answer) Write(write func(line []byte) error, keepAlive time.Duration, t
 	}
 	ended()
 	return event(Event{Done: &Done{FinishReason: res.FinishReason, PromptTokens: res.PromptTokens,
-		CachedTokens: res.CachedTokens, CompletionTokens: res.CompletionTokens, Logprobs: res.Logprobs, PromptLogprobs: res.PromptLogprobs}})
+		CachedTokens: res.CachedTokens, CompletionTokens: res.CompletionTokens, Logprobs: res.Logprobs, PromptLogprobs: res.PromptLogprobs,
+		FromCache: res.FromCache}})
 }

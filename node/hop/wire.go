@@ -55,7 +55,10 @@ const (
 	// A prompt as token ids, its logprobs, prefill only, an answer's tokens to continue
 	// from (a request with any goes only to owners of 1.7: an older one would ignore
 	// them); text events carry the tokens the text spells (Event.IDs).
-	Minor = 7
+	// 1.8: a request may ask for the owner's response cache (cache_answer; an older owner
+	// computes the answer), and an answer's end says it came from there; a pull's answer
+	// declares its frame's size (HeaderFrameBytes).
+	Minor = 8
 
 	// MinorStored is the least minor version that keeps stored responses, MinorQuota
 	// rate-limit buckets.
@@ -144,6 +147,7 @@ type Request struct {
 	PrefillOnly      bool      `json:"prefill_only,omitempty"`    // since 1.7
 	Continue         []int32   `json:"continue,omitempty"`        // since 1.7
 	Batch            bool      `json:"batch,omitempty"`           // since 1.7
+	CacheAnswer      bool      `json:"cache_answer,omitempty"`    // since 1.8
 }
 
 // Message is one message of a chat on the wire.
@@ -163,7 +167,8 @@ func NewRequest(model string, r infer.Request) Request {
 		Temperature: s.Temperature, TopK: s.TopK, TopP: s.TopP, MinP: s.MinP, RepeatPenalty: s.RepeatPenalty,
 		PresencePenalty: s.PresencePenalty, FrequencyPenalty: s.FrequencyPenalty, RepeatLastN: s.RepeatLastN, Seed: s.Seed,
 		Logprobs: r.Logprobs, TopLogprobs: r.TopLogprobs, Schema: r.Schema, Answered: r.Answered,
-		Tokens: r.Tokens, PromptLogprobs: r.PromptLogprobs, PrefillOnly: r.PrefillOnly, Continue: r.Continue, Batch: r.Batch}
+		Tokens: r.Tokens, PromptLogprobs: r.PromptLogprobs, PrefillOnly: r.PrefillOnly, Continue: r.Continue, Batch: r.Batch,
+		CacheAnswer: r.CacheAnswer}
 }
 
 // Engine returns the request as the engine takes it.
@@ -174,7 +179,7 @@ func (r Request) Engine() infer.Request {
 	}
 	return infer.Request{SessionID: r.SessionID, Share: r.Share, FollowUp: r.FollowUp, Prompt: r.Prompt, Messages: msgs, MaxTokens: r.MaxTokens, Stop: r.Stop,
 		Logprobs: r.Logprobs, TopLogprobs: r.TopLogprobs, Schema: r.Schema, Answered: r.Answered,
-		Tokens: r.Tokens, PromptLogprobs: r.PromptLogprobs, PrefillOnly: r.PrefillOnly, Continue: r.Continue, Batch: r.Batch, Sampling: infer.Sampling{Temperature: r.Temperature, TopK: r.TopK, TopP: r.TopP, MinP: r.MinP,
+		Tokens: r.Tokens, PromptLogprobs: r.PromptLogprobs, PrefillOnly: r.PrefillOnly, Continue: r.Continue, Batch: r.Batch, CacheAnswer: r.CacheAnswer, Sampling: infer.Sampling{Temperature: r.Temperature, TopK: r.TopK, TopP: r.TopP, MinP: r.MinP,
 			RepeatPenalty: r.RepeatPenalty, PresencePenalty: r.PresencePenalty, FrequencyPenalty: r.FrequencyPenalty,
 			RepeatLastN: r.RepeatLastN, Seed: r.Seed}}
 }
@@ -210,6 +215,7 @@ type Done struct {
 	CompletionTokens int                  `json:"completion_tokens"`
 	Logprobs         []infer.TokenLogprob `json:"logprobs,omitempty"`
 	PromptLogprobs   []infer.TokenLogprob `json:"prompt_logprobs,omitempty"` // since 1.7
+	FromCache        bool                 `json:"response_cached,omitempty"` // since 1.8
 }
 
 // Error is an error as a client or a peer is told it: OpenAI's shape plus its HTTP status,

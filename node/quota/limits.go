@@ -19,6 +19,9 @@ type Limit struct {
 	Concurrent int
 	// Batch makes every request of the tenant batch work (see infer.Request.Batch).
 	Batch bool
+	// CacheAnswers lets every greedy request of the tenant be answered from the owner's
+	// response cache (see infer.Request.CacheAnswer).
+	CacheAnswers bool
 }
 
 // DefaultBurst is Limit.Burst when a limits file says none.
@@ -41,7 +44,9 @@ func (l Limits) Lookup(tenant, model string) Limit {
 // Load reads a limits file: a line a tenant (or * for every tenant without a line of its
 // own; "default" is the tenant of --api-key, or of everyone on a node without keys),
 // then key=value settings: rpm, tpm, burst (seconds), concurrent, priority (interactive or
-// batch: all its requests are batch work), and model (the line applies to that model only). Blank lines and # comments are allowed.
+// batch: all its requests are batch work), response_cache (on or off: its greedy requests
+// may be answered from the response cache), and model (the line applies to that model
+// only). Blank lines and # comments are allowed.
 //
 //	default  rpm=600 tpm=200000
 //	alpha    rpm=60 tpm=20000 concurrent=4
@@ -66,6 +71,12 @@ func Load(path string) (Limits, error) {
 				}
 				lim.Batch = v == "batch"
 				continue
+			case "response_cache":
+				if v != "on" && v != "off" {
+					return fmt.Errorf("response_cache must be on or off, got %q", v)
+				}
+				lim.CacheAnswers = v == "on"
+				continue
 			}
 			x, err := strconv.ParseFloat(v, 64)
 			if err != nil || x < 0 {
@@ -81,7 +92,7 @@ func Load(path string) (Limits, error) {
 			case "concurrent":
 				lim.Concurrent = int(x)
 			default:
-				return fmt.Errorf("unknown setting %q (rpm, tpm, burst, concurrent, priority, model)", k)
+				return fmt.Errorf("unknown setting %q (rpm, tpm, burst, concurrent, priority, response_cache, model)", k)
 			}
 		}
 		if lim.Burst <= 0 {

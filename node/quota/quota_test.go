@@ -158,7 +158,7 @@ func TestLoadLimits(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	write("# limits\ndefault rpm=600 tpm=200000\nalpha rpm=60 concurrent=4\nalpha model=big rpm=6\n* rpm=10 burst=2\n")
+	write("# limits\ndefault rpm=600 tpm=200000\nalpha rpm=60 concurrent=4\nalpha model=big rpm=6 response_cache=on\n* rpm=10 burst=2\n")
 	l, err := Load(path)
 	if err != nil {
 		t.Fatal(err)
@@ -168,7 +168,7 @@ func TestLoadLimits(t *testing.T) {
 		want          Limit
 	}{
 		{"alpha", "small", Limit{RPM: 60, Concurrent: 4, Burst: DefaultBurst}},
-		{"alpha", "big", Limit{RPM: 6, Burst: DefaultBurst}},
+		{"alpha", "big", Limit{RPM: 6, Burst: DefaultBurst, CacheAnswers: true}},
 		{"default", "x", Limit{RPM: 600, TPM: 200000, Burst: DefaultBurst}},
 		{"zeta", "x", Limit{RPM: 10, Burst: 2}},
 	} {
@@ -176,7 +176,7 @@ func TestLoadLimits(t *testing.T) {
 			t.Errorf("%s on %s: %+v, want %+v", tc.tenant, tc.model, got, tc.want)
 		}
 	}
-	for text, want := range map[string]string{"a rpm\n": "key=value", "a rpm=-1\n": ">= 0", "a speed=3\n": "unknown", "a rpm=1\na rpm=2\n": "twice", "a burst=0\n": "burst"} {
+	for text, want := range map[string]string{"a rpm\n": "key=value", "a rpm=-1\n": ">= 0", "a speed=3\n": "unknown", "a rpm=1\na rpm=2\n": "twice", "a burst=0\n": "burst", "a response_cache=yes\n": "on or off"} {
 		write(text)
 		if _, err := Load(path); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: %v, want %q", text, err, want)

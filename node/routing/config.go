@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/infernode/infernode/internal/validate"
+	"github.com/infernode/infernode/node/answers"
 	"github.com/infernode/infernode/node/gray"
 	"github.com/infernode/infernode/node/kvmove"
 	"github.com/infernode/infernode/node/scale"
@@ -80,6 +81,8 @@ type Config struct {
 	// Stored configures the Responses API's stored responses (kept like KV: on the owner
 	// and its heirs).
 	Stored stored.Config
+	// Answers bounds the exact-match response cache (see node/answers).
+	Answers answers.Config
 	// Gray sets how peers that answer, slowly, are found and avoided (see gray).
 	Gray gray.Config
 	// Candidates is how many ring owners a request may try. Default 3.
@@ -115,6 +118,7 @@ func DefaultConfig() Config {
 		Ring:            ring.DefaultConfig(),
 		KV:              kvmove.DefaultConfig(),
 		Stored:          stored.DefaultConfig(),
+		Answers:         answers.DefaultConfig(),
 		Scale:           scale.DefaultConfig(),
 		Gray:            gray.DefaultConfig(),
 	}
@@ -138,8 +142,10 @@ func (c Config) Validate() error {
 	check(c.Self != "", "self id is required")
 	check(c.HTTPAddr != "", "HTTP address is required")
 	check(c.Fingerprint != "", "model fingerprint is required")
-	if err := c.Scale.Validate(); err != nil {
-		check(false, "%v", err)
+	for _, err := range []error{c.Scale.Validate(), c.Answers.Validate()} {
+		if err != nil {
+			check(false, "%v", err)
+		}
 	}
 	check(c.Model != "", "model name is required")
 	check(len(c.Secret) > 0 || c.Insecure, "a cluster secret is required (or run insecure, on a trusted network only)")

@@ -303,7 +303,7 @@ func (p *peerStream) Recv() (string, error) {
 		p.mu.Lock()
 		p.res = infer.Result{FinishReason: ev.Done.FinishReason, PromptTokens: ev.Done.PromptTokens,
 			CachedTokens: ev.Done.CachedTokens, CompletionTokens: ev.Done.CompletionTokens, Logprobs: ev.Done.Logprobs,
-			PromptLogprobs: ev.Done.PromptLogprobs}
+			PromptLogprobs: ev.Done.PromptLogprobs, FromCache: ev.Done.FromCache}
 		p.mu.Unlock()
 		return "", io.EOF
 	case ev.Error != nil:

@@ -82,8 +82,10 @@ func (k quotaRing) Owner(model, key string) (quota.Peer, bool) {
 // its previous owner when this node joined lately and does not hold it (see
 // kvmove.Mover.BeforeServe).
 func (r *Router) ServeLocal(ctx context.Context, req infer.Request) (infer.Stream, error) {
-	r.kv.BeforeServe(ctx, req)
-	return r.local.Submit(ctx, req)
+	return r.answers.Serve(req, func() (infer.Stream, error) {
+		r.kv.BeforeServe(ctx, req)
+		return r.local.Submit(ctx, req)
+	})
 }
 
 // followRing hands what this node no longer owns to the new owners whenever its ring

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/infernode/infernode/gossip"
+	"github.com/infernode/infernode/node/answers"
 	"github.com/infernode/infernode/node/hop"
 	"github.com/infernode/infernode/node/kvmove"
 	"github.com/infernode/infernode/node/quota"
@@ -56,7 +57,9 @@ type Router struct {
 	kv     *kvmove.Mover
 	stored *stored.Keeper
 	quota  *quota.Quota
-	scale  *autoscaler
+	// answers keeps whole answers to the greedy requests that ask (see node/answers).
+	answers *answers.Cache
+	scale   *autoscaler
 
 	forwards  *prometheus.CounterVec
 	resumes   prometheus.Counter
@@ -121,6 +124,7 @@ func New(cfg Config, g Membership, local Engine) (*Router, error) {
 		defer r.v.mu.Unlock()
 		return float64(len(r.v.degraded))
 	})
+	r.answers = answers.New(cfg.Answers, cfg.Fingerprint, clock.Now)
 	kv := cfg.KV
 	if kv.Logger == nil {
 		kv.Logger = r.log
@@ -147,7 +151,11 @@ func New(cfg Config, g Membership, local Engine) (*Router, error) {
 
 // Collectors are the router's Prometheus metrics.
 func (r *Router) Collectors() []prometheus.Collector {
-	return append([]prometheus.Collector{r.forwards, r.resumes, r.ringSize, r.degradedN}, append(append(append(r.kv.Collectors(), r.stored.Collectors()...), r.quota.Collectors()...), r.scale.collectors()...)...)
+	cs := []prometheus.Collector{r.forwards, r.resumes, r.ringSize, r.degradedN}
+	for _, more := range [][]prometheus.Collector{r.kv.Collectors(), r.stored.Collectors(), r.quota.Collectors(), r.scale.collectors(), r.answers.Collectors()} {
+		cs = append(cs, more...)
+	}
+	return cs
 }
 
 // KeepAlive is how often this node, as an owner, tells an entry node that a forwarded

@@ -67,6 +67,9 @@ type Request struct {
 	// stream, whose prompt ends with it): the schema's grammar follows it first, so the
 	// answer matches as a whole.
 	Answered string
+	// CacheAnswer lets the answer come from, and go to, the serving node's exact-match
+	// response cache when it is a function of the request (greedy; see node/answers).
+	CacheAnswer bool
 	Sampling
 }
 
@@ -147,6 +150,8 @@ const (
 	HandOff Origin = "handoff" // pushed by its owner as that node left the cluster
 	Pushed  Origin = "push"    // pushed by its previous owner when ownership moved (a join, a degraded member)
 	Pulled  Origin = "pull"    // asked of its previous owner on a miss, by a node that joined
+	// ResponseCache: the whole answer came from the response cache (see node/answers).
+	ResponseCache Origin = "response_cache"
 )
 
 // Imported says what importing a KV frame installed.
@@ -283,6 +288,8 @@ type Result struct {
 	// PromptLogprobs are the prompt's tokens, when the request asked (PromptLogprobs): the
 	// first with Logprob 0 (nothing precedes it), then each with its log probability.
 	PromptLogprobs []TokenLogprob
+	// FromCache: the answer was replayed from the response cache (see node/answers).
+	FromCache bool
 	// Err is why the request failed, or nil.
 	Err error
 }
