@@ -34,8 +34,8 @@ type params struct {
 	Stream              bool           `json:"stream"`
 	StreamOptions       *streamOptions `json:"stream_options"`
 	User                string         `json:"user"`
-	SessionID           string         `json:"session_id"` // infernode extension: the conversation key
-	CacheSalt           string         `json:"cache_salt"` // vLLM's: share cached prefixes only with requests of the same salt
+	SessionID           string         `json:"session_id"`     // infernode extension: the conversation key
+	CacheSalt           string         `json:"cache_salt"`     // vLLM's: share cached prefixes only with requests of the same salt
 	ResponseCache       bool           `json:"response_cache"` // infernode extension: a greedy answer may come from the owner's response cache (see node/answers)
 
 	echo bool // a text completion's echo: logprobs score the prompt too, and max_tokens may be 0 (the prompt's score alone)

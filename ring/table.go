@@ -187,6 +187,15 @@ func (t *Table) Models() []string {
 
 // Peers lists every known peer, sorted by id (the node itself not included). OnRing is
 // as of the last Commit.
+// Healthy reports whether peer id is up by this node's checks (whether or not it is on a
+// ring: a peer that owns nothing is checked all the same).
+func (t *Table) Healthy(id string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e, ok := t.peers[id]
+	return ok && e.health.Up()
+}
+
 func (t *Table) Peers() []Peer {
 	rings := *t.rings.Load()
 	t.mu.Lock()

@@ -387,6 +387,7 @@ type MemberView struct {
 	ID          string         `json:"id"`
 	HTTPAddr    string         `json:"http_addr"`
 	Model       string         `json:"model"`
+	Role        string         `json:"role"` // both, decode or prefill
 	Fingerprint string         `json:"fingerprint"`
 	State       string         `json:"state"`
 	Healthy     bool           `json:"healthy"`

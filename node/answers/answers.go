@@ -281,8 +281,10 @@ func (r *replay) Result() infer.Result {
 	return res
 }
 
-func (r *replay) Admitted() (int, int, bool) { return r.result.PromptTokens, r.result.PromptTokens, true }
-func (r *replay) Source() infer.Origin       { return infer.ResponseCache }
+func (r *replay) Admitted() (int, int, bool) {
+	return r.result.PromptTokens, r.result.PromptTokens, true
+}
+func (r *replay) Source() infer.Origin { return infer.ResponseCache }
 
 func (r *replay) Tokens() int {
 	r.mu.Lock()

@@ -102,6 +102,8 @@ type Mover struct {
 	rates  map[string]float64   // bytes a second of past pushes, by peer id (moving average)
 	pulled map[string]time.Time // when each conversation was last asked for (see previousOwners)
 	handed map[string]bool      // conversations pushed to their heirs on this node's leave
+	// perToken is the KV bytes a token of the last frame moved (see TransferTime).
+	perToken float64
 
 	transfers *prometheus.CounterVec
 	imports   *prometheus.CounterVec // origin
@@ -255,16 +257,51 @@ func (m *Mover) pushTo(ctx context.Context, to Peer, frame infer.Frame, why Why)
 	if err == nil && why != Replica {
 		m.ring.Happened("handoff", to.ID, fmt.Sprintf("%d tokens, %d KiB, %v", frame.Tokens(), frame.Len()>>10, took.Round(time.Millisecond)))
 	}
-	if err == nil && frame.Len() >= minRateSample && took > 0 {
-		m.mu.Lock()
-		rate := float64(frame.Len()) / took.Seconds()
-		if old := m.rates[to.ID]; old > 0 {
-			rate = old + (rate-old)/rateWindow
-		}
-		m.rates[to.ID] = rate
-		m.mu.Unlock()
+	if err == nil {
+		m.learnRate(to.ID, frame.Len(), took)
+		m.learnSize(frame.Len(), frame.Tokens())
 	}
 	return err
+}
+
+// learnRate adds a transfer of size bytes to or from peer that took took to the peer's
+// rate (see minRateSample).
+func (m *Mover) learnRate(peer string, size int, took time.Duration) {
+	if size < minRateSample || took <= 0 {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	rate := float64(size) / took.Seconds()
+	if old := m.rates[peer]; old > 0 {
+		rate = old + (rate-old)/rateWindow
+	}
+	m.rates[peer] = rate
+}
+
+// learnSize keeps the KV bytes a token of the last frame moved (the model's KV layout).
+func (m *Mover) learnSize(size, tokens int) {
+	if tokens > 0 {
+		m.mu.Lock()
+		m.perToken = float64(size) / float64(tokens)
+		m.mu.Unlock()
+	}
+}
+
+// TransferTime estimates how long moving the KV of tokens tokens between this node and
+// peer takes, from the frames moved so far and the rate measured to the peer (or the
+// bandwidth bound); 0 when either is unknown.
+func (m *Mover) TransferTime(peer string, tokens int) time.Duration {
+	m.mu.Lock()
+	bw, perToken := m.rates[peer], m.perToken
+	m.mu.Unlock()
+	if m.limit != nil && (bw == 0 || float64(m.limit.Limit()) < bw) {
+		bw = float64(m.limit.Limit())
+	}
+	if bw == 0 || perToken == 0 {
+		return 0
+	}
+	return time.Duration(perToken * float64(tokens) / bw * float64(time.Second))
 }
 
 // A peer's transfer rate (Mover.rates) averages pushes of at least minRateSample bytes

@@ -48,13 +48,7 @@ func (m *Mover) BeforeServe(ctx context.Context, req infer.Request) {
 		return
 	}
 	for _, from := range m.previousOwners(req) {
-		start := m.now()
-		n, err := m.pull(ctx, from, req.SessionID)
-		if n > 0 || err != nil {
-			m.Observe("pulled", n, m.now().Sub(start), err)
-		}
-		m.log.Debug("KV pull", "session", req.SessionID, "from", from.ID, "bytes", n, "err", err)
-		if n > 0 && err == nil {
+		if n, err := m.Fetch(ctx, from, req.SessionID, infer.Pulled); n > 0 && err == nil {
 			return
 		}
 	}
@@ -94,9 +88,24 @@ func (m *Mover) previousOwners(req infer.Request) []Peer {
 	return from
 }
 
-// pull asks from for key's KV frame and installs it; it returns the frame's size (0:
-// nothing was sent).
-func (m *Mover) pull(ctx context.Context, from Peer, key string) (int, error) {
+// Fetch asks from for key's KV frame and installs it, as having come as origin says; it
+// returns the frame's size (0: nothing was sent: not held there, or cheaper to
+// recompute).
+func (m *Mover) Fetch(ctx context.Context, from Peer, key string, origin infer.Origin) (int, error) {
+	start := m.now()
+	n, err := m.pull(ctx, from, key, origin)
+	took := m.now().Sub(start)
+	if n > 0 || err != nil {
+		m.Observe("pulled", n, took, err)
+	}
+	if err == nil {
+		m.learnRate(from.ID, n, took)
+	}
+	m.log.Debug("KV pull", "session", key, "from", from.ID, "origin", origin, "bytes", n, "err", err)
+	return n, err
+}
+
+func (m *Mover) pull(ctx context.Context, from Peer, key string, origin infer.Origin) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, pullTimeout)
 	defer cancel()
 	body := []byte(key)
@@ -130,10 +139,12 @@ func (m *Mover) pull(ctx context.Context, from Peer, key string) (int, error) {
 	if err := m.hop.VerifyAnswer(resp.Header.Get, hop.PullPath, from.ID, nonce, sha256.Sum256(frame)); err != nil {
 		return len(frame), fmt.Errorf("pull KV from %s: %w", from.ID, err)
 	}
-	if _, err := m.local.Import(ctx, frame, infer.Pulled, key); err != nil {
+	res, err := m.local.Import(ctx, frame, origin, key)
+	if err != nil {
 		return len(frame), err
 	}
-	m.imports.WithLabelValues(string(infer.Pulled)).Inc()
+	m.learnSize(len(frame), res.Tokens)
+	m.imports.WithLabelValues(string(origin)).Inc()
 	return len(frame), nil
 }
 

@@ -85,6 +85,11 @@ type Config struct {
 	Answers answers.Config
 	// Gray sets how peers that answer, slowly, are found and avoided (see gray).
 	Gray gray.Config
+	// Role is what this node does (see prefill.go): RoleBoth (the default) owns
+	// conversations and prefills their prompts; RoleDecode owns them and has a prefill
+	// node prefill a long uncached prompt when that costs it less; RolePrefill owns none
+	// and prefills for the others.
+	Role string
 	// Candidates is how many ring owners a request may try. Default 3.
 	Candidates int
 	// DefaultMaxTokens is the engine's token limit for requests that set none, needed to
@@ -114,7 +119,8 @@ func DefaultConfig() Config {
 		KeepAlive:       2 * time.Second,        // cheap, and well inside ProgressTimeout
 		ProgressTimeout: 15 * time.Second,       // far above a token's time or a keep-alive's; a stalled owner costs its clients this
 		MaxLine:         1 << 20,                // one token's text is a few bytes; an error message a few KiB
-		Candidates:      3,                      // the owner and two successors
+		Role:            RoleBoth,
+		Candidates:      3, // the owner and two successors
 		Ring:            ring.DefaultConfig(),
 		KV:              kvmove.DefaultConfig(),
 		Stored:          stored.DefaultConfig(),
@@ -166,6 +172,7 @@ func (c Config) Validate() error {
 	check(c.ProbeTimeout <= 2*c.ProbeInterval, "probe timeout (%v) must be at most twice the probe interval (%v)", c.ProbeTimeout, c.ProbeInterval)
 	check(c.MaxLine >= 4096, "max line must be at least 4096 bytes, got %d", c.MaxLine)
 	check(c.Candidates >= 1, "candidates must be at least 1, got %d", c.Candidates)
+	check(c.Role == RoleBoth || c.Role == RoleDecode || c.Role == RolePrefill, "role must be both, decode or prefill, got %q", c.Role)
 	check(c.ProbePeers >= 1, "probe peers must be at least 1, got %d", c.ProbePeers)
 	check(c.DefaultMaxTokens >= 1, "default max tokens must be at least 1, got %d", c.DefaultMaxTokens)
 	check(c.QueueCap >= 0, "queue capacity must not be negative, got %d", c.QueueCap)

@@ -30,6 +30,7 @@ type Meta struct {
 	Prefill     int    `json:"pf,omitempty"`    // prompt tokens it prefills a second at its recent load (0: unknown)
 	Decode      int    `json:"tps,omitempty"`   // tokens it generated a second lately
 	Leaving     bool   `json:"leaving,omitempty"`
+	Role        string `json:"role,omitempty"` // RolePrefill or RoleDecode (none: RoleBoth)
 	Hop         []int  `json:"hop,omitempty"`  // major versions of the hop protocol the node speaks
 	HopMinor    int    `json:"hopv,omitempty"` // the minor version of the newest (since hop 1.4; absent: 3 or less)
 	// Slow lists the peers this node finds slow (gray failures: they answer, slowly).

@@ -62,6 +62,7 @@ type Router struct {
 	scale   *autoscaler
 
 	forwards  *prometheus.CounterVec
+	prefills  *prometheus.CounterVec // prompts prefilled elsewhere (see prefill.go), by outcome
 	resumes   prometheus.Counter
 	ringSize  prometheus.GaugeFunc
 	degradedN prometheus.GaugeFunc
@@ -110,6 +111,9 @@ func New(cfg Config, g Membership, local Engine) (*Router, error) {
 		forwards: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "infernode_forwards_total", Help: "Requests forwarded to their owner, by outcome.",
 		}, []string{"outcome"}),
+		prefills: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "infernode_remote_prefills_total", Help: "Prompts this node had a prefill node prefill, by outcome: ok, failed (prefilled here instead), recompute (a local prefill was sooner).",
+		}, []string{"outcome"}),
 		resumes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "infernode_resumes_total", Help: "Streams resumed on another owner after theirs died mid-answer.",
 		}),
@@ -151,7 +155,7 @@ func New(cfg Config, g Membership, local Engine) (*Router, error) {
 
 // Collectors are the router's Prometheus metrics.
 func (r *Router) Collectors() []prometheus.Collector {
-	cs := []prometheus.Collector{r.forwards, r.resumes, r.ringSize, r.degradedN}
+	cs := []prometheus.Collector{r.forwards, r.prefills, r.resumes, r.ringSize, r.degradedN}
 	for _, more := range [][]prometheus.Collector{r.kv.Collectors(), r.stored.Collectors(), r.quota.Collectors(), r.scale.collectors(), r.answers.Collectors()} {
 		cs = append(cs, more...)
 	}
@@ -218,6 +222,7 @@ func (r *Router) Publish() {
 		ID: r.cfg.Self, HTTPAddr: r.cfg.HTTPAddr, Fingerprint: r.cfg.Fingerprint, Model: r.cfg.Model, Ready: ready, Hop: hop.Versions, HopMinor: hop.Minor,
 		Running: st.Running, Waiting: st.Waiting, FreeKV: st.KVCells - st.KVUsed, KVActive: st.KVActive, KVCells: st.KVCells, QueueCap: r.cfg.QueueCap, Slots: st.Sequences,
 		Prefill: int(st.PrefillRate), Decode: int(r.v.rate.update(r.clock.Now(), st.Generated)), Slow: r.v.speed.slow(),
+		Role: map[string]string{RolePrefill: RolePrefill, RoleDecode: RoleDecode}[r.cfg.Role],
 	}).Encode()
 	if err == nil {
 		err = r.v.gossip.SetTags(tags)
@@ -225,7 +230,7 @@ func (r *Router) Publish() {
 	if err != nil {
 		r.log.Error("cannot gossip metadata", "err", err)
 	}
-	if r.v.table.SetSelfReady(ready) {
+	if r.v.table.SetSelfReady(ready && r.cfg.Role != RolePrefill) { // a prefill node owns no conversation
 		r.v.commit()
 	}
 }
@@ -271,6 +276,7 @@ type MemberView struct {
 	Compatible  bool           `json:"compatible"`             // may share this node's ring
 	Reason      string         `json:"incompatible,omitempty"` // what differs: "model" or "hop protocol"
 	Model       string         `json:"model"`                  // the model it serves, as clients name it
+	Role        string         `json:"role"`                   // both, decode or prefill
 	Fingerprint string         `json:"fingerprint"`            // model and KV-layout fingerprint
 	Hop         []int          `json:"hop"`                    // hop protocol major versions spoken
 	OnRing      bool           `json:"on_ring"`                // on its model's ring, here

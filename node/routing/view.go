@@ -77,10 +77,11 @@ type member struct {
 // candidate is a peer that may serve a key.
 type candidate struct {
 	id, addr string
-	full     bool // its gossiped queue is full
-	slow     bool // degraded (see speed.go)
-	load     int  // its requests running and waiting, as last gossiped
-	minor    int  // the hop minor version it speaks (see hop.MinorFor)
+	full     bool    // its gossiped queue is full
+	slow     bool    // degraded (see speed.go)
+	load     int     // its requests running and waiting, as last gossiped
+	minor    int     // the hop minor version it speaks (see hop.MinorFor)
+	prefill  float64 // prompt tokens a second it gossips it prefills (a prefill node's, see prefillers)
 }
 
 func newView(cfg Config, log *slog.Logger, g Membership, local Engine, client *http.Client, clock Clock) *view {
@@ -271,7 +272,9 @@ func (v *view) record(gossiped []gossip.Member) {
 		if !serving(m) {
 			v.table.Forget(id)
 		} else {
-			v.table.SetFacts(id, ring.Facts{Alive: true, Ready: m.Meta.Ready, Compatible: m.Meta.Speaks(hop.Major), Model: v.ringOf(m.Meta)})
+			// A prefill node is checked like any peer, and owns no conversation: it is
+			// never on a ring.
+			v.table.SetFacts(id, ring.Facts{Alive: true, Ready: m.Meta.Ready && m.Meta.Role != RolePrefill, Compatible: m.Meta.Speaks(hop.Major), Model: v.ringOf(m.Meta)})
 		}
 	}
 	v.members = byID
@@ -316,11 +319,18 @@ func (v *view) abandonDown() {
 	for id, ch := range v.down {
 		m := v.members[id]
 		leaving := (m.Meta.Leaving || m.State == gossip.Left) && m.State != gossip.Dead
-		if !v.table.OnRing(id) && !leaving {
+		if !v.up(id) && !leaving {
 			close(ch)
 			delete(v.down, id)
 		}
 	}
+}
+
+// up reports whether a peer may be sent work: on this node's rings, or a prefill node
+// (on none) alive and healthy by this node's checks. Callers hold mu.
+func (v *view) up(id string) bool {
+	m := v.members[id]
+	return v.table.OnRing(id) || (m.Meta.Role == RolePrefill && serving(m) && v.table.Healthy(id))
 }
 
 // downSignal is closed when peer leaves this node's rings (it is already closed if the
@@ -333,7 +343,7 @@ func (v *view) downSignal(peer string) <-chan struct{} {
 	ch, ok := v.down[peer]
 	if !ok {
 		ch = make(chan struct{})
-		if v.table.OnRing(peer) {
+		if v.up(peer) {
 			v.down[peer] = ch
 		} else {
 			close(ch)
@@ -571,7 +581,7 @@ func (v *view) View(points int, ready bool) View {
 	own := shareOf("", v.cfg.Self)
 	out.Members = append(out.Members, MemberView{
 		ID: v.cfg.Self, HTTPAddr: v.cfg.HTTPAddr, GossipAddr: selfAddr, State: "alive", Healthy: true, Ready: ready,
-		Compatible: true, Model: v.cfg.Model, Fingerprint: v.cfg.Fingerprint, Hop: hop.Versions, OnRing: own > 0, RingShare: own,
+		Compatible: true, Model: v.cfg.Model, Role: v.cfg.Role, Fingerprint: v.cfg.Fingerprint, Hop: hop.Versions, OnRing: own > 0, RingShare: own,
 		Load:       map[string]int{"running": st.Running, "waiting": st.Waiting, "free_kv": st.KVCells - st.KVUsed},
 		TokensPerS: int(v.rate.current()),
 	})
@@ -593,7 +603,7 @@ func (v *view) View(points int, ready bool) View {
 		speed := v.speed.of(id)
 		out.Members = append(out.Members, MemberView{
 			ID: id, HTTPAddr: m.Meta.HTTPAddr, GossipAddr: m.Addr, State: state, Healthy: p.Healthy, Ready: m.Meta.Ready,
-			Compatible: why == "", Reason: why, Model: m.Meta.Model, Fingerprint: m.Meta.Fingerprint, Hop: m.Meta.Hop,
+			Compatible: why == "", Reason: why, Model: m.Meta.Model, Role: cmp.Or(m.Meta.Role, RoleBoth), Fingerprint: m.Meta.Fingerprint, Hop: m.Meta.Hop,
 			OnRing: p.OnRing, RingShare: shareOf(v.ringOf(m.Meta), id),
 			Load:       map[string]int{"running": m.Meta.Running, "waiting": m.Meta.Waiting, "free_kv": m.Meta.FreeKV},
 			TokensPerS: m.Meta.Decode, Degraded: v.degraded[id], SlowHere: speed.Slow, ProbeMS: speed.ProbeMS,

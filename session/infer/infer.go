@@ -150,6 +150,8 @@ const (
 	HandOff Origin = "handoff" // pushed by its owner as that node left the cluster
 	Pushed  Origin = "push"    // pushed by its previous owner when ownership moved (a join, a degraded member)
 	Pulled  Origin = "pull"    // asked of its previous owner on a miss, by a node that joined
+	// Prefilled: a prefill node computed it for this turn (disaggregated prefill).
+	Prefilled Origin = "prefill"
 	// ResponseCache: the whole answer came from the response cache (see node/answers).
 	ResponseCache Origin = "response_cache"
 )

@@ -1,0 +1,140 @@
+package routing
+
+import (
+	"context"
+	"errors"
+	"io"
+	"slices"
+	"time"
+
+	"github.com/infernode/infernode/node/kvmove"
+	"github.com/infernode/infernode/session/infer"
+)
+
+// Prefill elsewhere (disaggregated prefill). A long prompt's prefill stalls every stream
+// decoding on the same node. A node of role RoleDecode (or RoleBoth) that must prefill a
+// conversation's prompt it holds nothing of may have a prefill node (RolePrefill, which
+// owns no conversation) do it: it sends the peer the prompt as a prefill-only request
+// under the conversation's key, pulls the KV the peer computed (the signed pull of
+// kvmove), and serves the turn from it, so its own engine only decodes. It falls back to
+// prefilling itself when no prefill node is ready and free, when the peer or the pull
+// fails (a prefill node that dies mid-prefill costs only this local prefill), or when
+// the measured costs say a local prefill is sooner:
+//
+//   - what the pull costs: the frame (the prompt's tokens at the KV bytes a token the
+//     mover has seen) at the rate measured to the peer, plus two round trips;
+//   - what a local prefill costs: the tokens at the rate this node prefills at its
+//     recent load (its decode streams slow it);
+//   - for a RoleBoth node, the peer's prefill at the rate it gossips too: it sends work
+//     away only when that answers sooner. A RoleDecode node does not count it: keeping
+//     prefill off its decode streams is its role, and it waits for the pull only.
+//
+// The prompt's tokens are estimated from its bytes (promptBytesPerToken) before any
+// tokenizing: both costs grow with the tokens, so the estimate matters only against the
+// round trips.
+
+// Roles a node may have (Config.Role), gossiped in Meta.Role.
+const (
+	RoleBoth    = "both"
+	RoleDecode  = "decode"
+	RolePrefill = "prefill"
+)
+
+// promptBytesPerToken estimates a prompt's tokens from its bytes (English text with a
+// BPE vocabulary of tens of thousands: 4 bytes a token).
+const promptBytesPerToken = 4
+
+// prefillElsewhere has a prefill node prefill req's prompt and installs the KV it
+// computed here, when this node's role and the measured costs say so (see above). It
+// reports whether the KV came; whatever happens, the turn is served here after it.
+func (r *Router) prefillElsewhere(ctx context.Context, req infer.Request) bool {
+	if r.cfg.Role == RolePrefill || req.SessionID == "" || req.PrefillOnly || req.PromptLogprobs || len(req.Continue) > 0 ||
+		len(req.Messages) > 0 || r.local.Holds(req.SessionID) {
+		return false
+	}
+	peers := r.v.prefillers()
+	if len(peers) == 0 {
+		return false
+	}
+	p := peers[0]
+	tokens := len(req.Tokens)
+	if tokens == 0 {
+		tokens = len(req.Prompt) / promptBytesPerToken
+	}
+	if !r.worthPrefillingAt(p, tokens) {
+		r.prefills.WithLabelValues("recompute").Inc()
+		return false
+	}
+	pre := req
+	pre.PrefillOnly, pre.MaxTokens, pre.CacheAnswer, pre.Logprobs, pre.TopLogprobs, pre.Batch = true, 0, false, false, 0, false
+	start := r.clock.Now()
+	err := r.prefillAt(ctx, p, pre)
+	if err == nil {
+		var n int
+		n, err = r.kv.Fetch(ctx, kvmove.Peer{ID: p.id, Addr: p.addr, Minor: p.minor}, req.SessionID, infer.Prefilled)
+		if err == nil && n == 0 {
+			err = errors.New("the prefill node sent no KV (evicted, or cheaper to recompute)")
+		}
+	}
+	if err != nil {
+		r.prefills.WithLabelValues("failed").Inc()
+		r.log.Warn("prefill elsewhere failed; prefilling here", "peer", p.id, "session", req.SessionID, "err", err)
+		return false
+	}
+	r.prefills.WithLabelValues("ok").Inc()
+	r.log.Debug("prefilled elsewhere", "peer", p.id, "session", req.SessionID, "tokens", tokens, "took", r.clock.Now().Sub(start))
+	return true
+}
+
+// prefillAt runs a prefill-only request on peer p and waits for its end.
+func (r *Router) prefillAt(ctx context.Context, p candidate, pre infer.Request) error {
+	st, err := r.forward(ctx, p, r.cfg.Model, pre)
+	if err != nil {
+		return err
+	}
+	for {
+		if _, err := st.Recv(); errors.Is(err, io.EOF) {
+			return nil
+		} else if err != nil {
+			return err
+		}
+	}
+}
+
+// worthPrefillingAt compares, for a prompt of tokens, pulling its KV from peer p (and,
+// for a node of RoleBoth, p's prefill) with this node's own prefill (see above). Costs it
+// cannot estimate yet count as nothing, so that the first pulls measure them.
+func (r *Router) worthPrefillingAt(p candidate, tokens int) bool {
+	rtt := time.Duration(r.v.speed.of(p.id).ProbeMS * float64(time.Millisecond))
+	remote := 2*rtt + r.kv.TransferTime(p.id, tokens)
+	if r.cfg.Role == RoleBoth && p.prefill > 0 {
+		remote += time.Duration(float64(tokens) / p.prefill * float64(time.Second))
+	}
+	rate := r.local.Stats().PrefillRate
+	if rate <= 0 {
+		return r.cfg.Role == RoleDecode
+	}
+	return remote < time.Duration(float64(tokens)/rate*float64(time.Second))
+}
+
+// prefillers are the prefill nodes that could take a prompt now: of this node's model,
+// ready, healthy by this node's checks, not degraded, with nothing waiting; least loaded
+// first.
+func (v *view) prefillers() []candidate {
+	healthy := map[string]bool{}
+	for _, p := range v.table.Peers() {
+		healthy[p.ID] = p.Healthy
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	var out []candidate
+	for id, m := range v.members {
+		if m.Meta.Role != RolePrefill || !serving(m) || !m.Meta.Ready || v.ringOf(m.Meta) != "" || !healthy[id] ||
+			v.degraded[id] || m.Meta.Waiting > 0 || m.Meta.HopMinor < 7 {
+			continue
+		}
+		out = append(out, candidate{id: id, addr: m.Meta.HTTPAddr, load: m.Meta.Running, minor: m.Meta.HopMinor, prefill: float64(m.Meta.Prefill)})
+	}
+	slices.SortFunc(out, func(a, b candidate) int { return a.load - b.load })
+	return out
+}
