@@ -45,7 +45,7 @@ APT_PACKAGES := nlohmann-json3-dev libstb-dev nftables iproute2 iptables
 TEST_APT_PACKAGES := chromium
 MALGO        := github.com/gen2brain/malgo@v0.11.24
 
-.PHONY: all deps test-deps flags build fuzz bench-portable bench-quant model bench-model test race lint tidy-check bench bench-http bench-cluster bench-overhead bench-compare run chaos autoscale chaos-cleanup chaos-mutants upgrade-check check-clients clean
+.PHONY: bench-disagg all deps test-deps flags build fuzz bench-portable bench-quant model bench-model test race lint tidy-check bench bench-http bench-cluster bench-overhead bench-compare run chaos autoscale chaos-cleanup chaos-mutants upgrade-check check-clients clean
 
 all: build
 
@@ -195,6 +195,13 @@ OLLAMA_VERSION = $(shell $(GO) list -m -f '{{.Version}}' github.com/ollama/ollam
 	printf 'module ollamabuild\n\ngo 1.26.0\n\nrequire github.com/ollama/ollama $(OLLAMA_VERSION)\n' > .build/ollama-src/go.mod
 	printf 'package main\n\nimport _ "github.com/ollama/ollama/cmd"\n\nfunc main() {}\n' > .build/ollama-src/main.go
 	cd .build/ollama-src && $(GO) mod tidy && $(GO) build -o ../ollama github.com/ollama/ollama
+
+# bench-disagg: decoding streams beside bursts of long new prompts on two nodes pinned to
+# a core each, co-located (both nodes prefill and decode) against split (--role decode and
+# --role prefill): inter-token p50/p99 and the bursts' first token (testbed's
+# BenchmarkDisagg; docs/BENCHMARKS.md).
+bench-disagg: deps bench-model
+	INFERNODE_BENCH_MODEL=$(CURDIR)/$(BENCH_MODEL) $(GO) test -run '^$$' -bench Disagg -benchtime 1x -count $(COUNT) -timeout 30m ./testbed/
 
 bench-compare: build bench-model .build/ollama
 	$(BIN)/benchcompare --ollama .build/ollama --model $(BENCH_MODEL) --rounds 2

@@ -13,7 +13,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -50,6 +52,9 @@ type Config struct {
 	// Upgrade is the binary an "upgrade" fault restarts a node with (see Fault): the
 	// cluster starts on Binary.
 	Upgrade string
+	// Pin runs node i on CPU i modulo the machine's CPUs (taskset), so that on one machine
+	// each node stands for a machine of its own.
+	Pin bool
 }
 
 // Cluster is a running set of infernode processes.
@@ -71,7 +76,8 @@ type Node struct {
 	args       []string
 	binary     string // the infernode binary it runs (Config.Binary, until upgraded)
 	cfg        *Config
-	standalone bool // not a cluster member: reports no gossip address
+	standalone bool   // not a cluster member: reports no gossip address
+	pin        string // the CPUs it is pinned to, as taskset takes them (empty: none)
 
 	mu      sync.Mutex
 	cmd     *exec.Cmd
@@ -144,6 +150,9 @@ func (c *Cluster) Add(ctx context.Context, id string, extra ...string) (*Node, e
 	}
 	args = append(append(args, c.cfg.Args...), extra...)
 	n := &Node{ID: id, Model: model, args: args, binary: c.cfg.Binary, cfg: &c.cfg, Host: host}
+	if c.cfg.Pin {
+		n.pin = strconv.Itoa(i % runtime.NumCPU())
+	}
 	if err := n.start(ctx); err != nil {
 		return nil, err
 	}
@@ -158,6 +167,9 @@ func (n *Node) start(ctx context.Context) error {
 		return err
 	}
 	argv := append([]string{n.binary}, n.args...)
+	if n.pin != "" {
+		argv = append([]string{"taskset", "-c", n.pin}, argv...) // taskset execs: the pid is the node's
+	}
 	if n.Host != nil {
 		argv = n.Host.Command(n.binary, n.args...) // ip netns exec execs: the pid is the node's
 	}

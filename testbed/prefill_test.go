@@ -2,6 +2,7 @@ package testbed
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -26,21 +27,7 @@ func TestPrefillElsewhere(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The decode node takes the prefill node once it checks it healthy.
-	if !poll.Within(30*time.Second, 100*time.Millisecond, func() bool {
-		v, err := c.View(decode)
-		if err != nil {
-			return false
-		}
-		for _, m := range v.Members {
-			if m.ID == prefill.ID && m.Role == "prefill" && m.Healthy {
-				return true
-			}
-		}
-		return false
-	}) {
-		t.Fatal("the decode node never saw the prefill node healthy")
-	}
+	waitPrefiller(t, c, decode, prefill)
 	story := strings.Repeat("Once upon a time there was a little girl who liked to play in the park with her dog. ", 12)
 	conv := func(i int) []message {
 		return []message{{"system", fmt.Sprintf("Story %d. %s", i, story)}, {"user", "Tell me what happened next."}}
@@ -98,5 +85,20 @@ func TestPrefillElsewhere(t *testing.T) {
 	}
 	if failed := prefills("failed"); failed != 1 {
 		t.Errorf("%v failed prefills elsewhere, want 1", failed)
+	}
+}
+
+// waitPrefiller waits until decode sees prefill as a healthy prefill node (it sends it
+// prompts from then on).
+func waitPrefiller(t testing.TB, c *Cluster, decode, prefill *Node) {
+	t.Helper()
+	if !poll.Within(30*time.Second, 100*time.Millisecond, func() bool {
+		v, err := c.View(decode)
+		if err != nil {
+			return false
+		}
+		return slices.ContainsFunc(v.Members, func(m MemberView) bool { return m.ID == prefill.ID && m.Role == "prefill" && m.Healthy })
+	}) {
+		t.Fatalf("%s never saw %s as a healthy prefill node", decode.ID, prefill.ID)
 	}
 }
