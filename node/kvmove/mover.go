@@ -95,8 +95,9 @@ type Mover struct {
 	client *http.Client
 	now    func() time.Time
 
-	slots chan struct{} // pushes in flight
-	limit *rate.Limiter // bytes a second of pushes (nil: no bound)
+	slots    chan struct{} // pushes in flight
+	pullBufs chan *[]byte  // buffers of pulled frames, kept between pulls (see pullBuffer)
+	limit    *rate.Limiter // bytes a second of pushes (nil: no bound)
 
 	mu     sync.Mutex
 	rates  map[string]float64   // bytes a second of past pushes, by peer id (moving average)
@@ -122,11 +123,12 @@ func New(cfg Config, ring Ring, local Local, auth *hop.Auth, client *http.Client
 	}
 	m := &Mover{
 		cfg: cfg, log: log.With("component", "kvmove"), ring: ring, local: local, hop: auth, client: client, now: now,
-		slots:  make(chan struct{}, cfg.Transfers),
-		limit:  newLimit(cfg.Bandwidth),
-		rates:  map[string]float64{},
-		pulled: map[string]time.Time{},
-		handed: map[string]bool{},
+		slots:    make(chan struct{}, cfg.Transfers),
+		pullBufs: make(chan *[]byte, cfg.Transfers),
+		limit:    newLimit(cfg.Bandwidth),
+		rates:    map[string]float64{},
+		pulled:   map[string]time.Time{},
+		handed:   map[string]bool{},
 		transfers: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "infernode_kv_transfers_total", Help: "Conversation KV caches pushed to (sent) or taken from (received) peers, by outcome.",
 		}, []string{"direction", "outcome"}),

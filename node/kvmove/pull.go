@@ -127,7 +127,10 @@ func (m *Mover) pull(ctx context.Context, from Peer, key string, origin infer.Or
 	default:
 		return 0, fmt.Errorf("pull KV from %s: %w", from.ID, hop.DecodeError(resp))
 	}
-	frame, err := readFrame(resp)
+	buf := m.pullBuffer()
+	defer m.keepPullBuffer(buf)
+	frame, err := readFrame(resp, buf)
+	*buf = frame[:0]
 	switch {
 	case err != nil:
 		return 0, fmt.Errorf("pull KV from %s: %w", from.ID, err)
@@ -148,18 +151,40 @@ func (m *Mover) pull(ctx context.Context, from Peer, key string, origin infer.Or
 	return len(frame), nil
 }
 
-// readFrame reads a pull's answer: into one buffer of the size the answer declares (up to
-// maxPulled), else growing one as io.ReadAll does, up to one byte past maxPulled.
-func readFrame(resp *http.Response) ([]byte, error) {
+// readFrame reads a pull's answer into buf: the size the answer declares (up to
+// maxPulled), else growing it as io.ReadAll does, up to one byte past maxPulled.
+func readFrame(resp *http.Response, buf *[]byte) ([]byte, error) {
 	n, err := strconv.Atoi(resp.Header.Get(hop.HeaderFrameBytes))
 	if err != nil || n < 0 || n > maxPulled {
-		return io.ReadAll(io.LimitReader(resp.Body, maxPulled+1))
+		b := bytes.NewBuffer((*buf)[:0])
+		_, err := b.ReadFrom(io.LimitReader(resp.Body, maxPulled+1))
+		return b.Bytes(), err
 	}
-	frame := make([]byte, n)
+	frame := slices.Grow((*buf)[:0], n)[:n]
 	if _, err := io.ReadFull(resp.Body, frame); err != nil {
-		return nil, err
+		return frame[:0], err
 	}
 	return frame, nil
+}
+
+// pullBuffer is a buffer for a pulled frame: one kept from an earlier pull when there is
+// one, since memory touched for the first time costs more here than the frame's copy and
+// import (see session's stateBufs); keepPullBuffer keeps it for the next (at most
+// Config.Transfers of them; the import copied the frame out).
+func (m *Mover) pullBuffer() *[]byte {
+	select {
+	case b := <-m.pullBufs:
+		return b
+	default:
+		return new([]byte)
+	}
+}
+
+func (m *Mover) keepPullBuffer(b *[]byte) {
+	select {
+	case m.pullBufs <- b:
+	default:
+	}
 }
 
 // Take installs a frame a peer pushed (the receiving end of a push or a replica), which
