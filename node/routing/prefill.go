@@ -45,16 +45,16 @@ const (
 const promptBytesPerToken = 4
 
 // prefillElsewhere has a prefill node prefill req's prompt and installs the KV it
-// computed here, when this node's role and the measured costs say so (see above). It
-// reports whether the KV came; whatever happens, the turn is served here after it.
-func (r *Router) prefillElsewhere(ctx context.Context, req infer.Request) bool {
+// computed here, when this node's role and the measured costs say so (see above).
+// Whatever happens, the turn is served here after it.
+func (r *Router) prefillElsewhere(ctx context.Context, req infer.Request) {
 	if r.cfg.Role == RolePrefill || req.SessionID == "" || req.PrefillOnly || req.PromptLogprobs || len(req.Continue) > 0 ||
 		len(req.Messages) > 0 || r.local.Holds(req.SessionID) {
-		return false
+		return
 	}
 	peers := r.v.prefillers()
 	if len(peers) == 0 {
-		return false
+		return
 	}
 	p := peers[0]
 	tokens := len(req.Tokens)
@@ -63,7 +63,7 @@ func (r *Router) prefillElsewhere(ctx context.Context, req infer.Request) bool {
 	}
 	if !r.worthPrefillingAt(p, tokens) {
 		r.prefills.WithLabelValues("recompute").Inc()
-		return false
+		return
 	}
 	pre := req
 	pre.PrefillOnly, pre.MaxTokens, pre.CacheAnswer, pre.Logprobs, pre.TopLogprobs, pre.Batch = true, 0, false, false, 0, false
@@ -79,11 +79,10 @@ func (r *Router) prefillElsewhere(ctx context.Context, req infer.Request) bool {
 	if err != nil {
 		r.prefills.WithLabelValues("failed").Inc()
 		r.log.Warn("prefill elsewhere failed; prefilling here", "peer", p.id, "session", req.SessionID, "err", err)
-		return false
+		return
 	}
 	r.prefills.WithLabelValues("ok").Inc()
 	r.log.Debug("prefilled elsewhere", "peer", p.id, "session", req.SessionID, "tokens", tokens, "took", r.clock.Now().Sub(start))
-	return true
 }
 
 // prefillAt runs a prefill-only request on peer p and waits for its end.
