@@ -78,9 +78,10 @@ func (k quotaRing) Owner(model, key string) (quota.Peer, bool) {
 	return quota.Peer{ID: id, Addr: m.HTTPAddr, Minor: m.HopMinor}, false
 }
 
-// ServeLocal serves req on this node's engine, first pulling its conversation's KV from
-// its previous owner when this node joined lately and does not hold it (see
-// kvmove.Mover.BeforeServe).
+// ServeLocal serves req on this node's engine: from the response cache when it holds the
+// answer (see node/answers); else first pulling its conversation's KV from where it was
+// served before when this node does not hold it (see kvmove.Mover.BeforeServe), or having
+// a prefill node prefill it (see prefill.go).
 func (r *Router) ServeLocal(ctx context.Context, req infer.Request) (infer.Stream, error) {
 	return r.answers.Serve(req, func() (infer.Stream, error) {
 		r.kv.BeforeServe(ctx, req)
