@@ -119,8 +119,8 @@ func DefaultConfig() Config {
 		KeepAlive:       2 * time.Second,        // cheap, and well inside ProgressTimeout
 		ProgressTimeout: 15 * time.Second,       // far above a token's time or a keep-alive's; a stalled owner costs its clients this
 		MaxLine:         1 << 20,                // one token's text is a few bytes; an error message a few KiB
-		Role:            RoleBoth,
-		Candidates:      3, // the owner and two successors
+		Role:            RoleBoth,               // prefill and decode what it owns
+		Candidates:      3,                      // the owner and two successors
 		Ring:            ring.DefaultConfig(),
 		KV:              kvmove.DefaultConfig(),
 		Stored:          stored.DefaultConfig(),

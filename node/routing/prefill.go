@@ -120,15 +120,11 @@ func (r *Router) worthPrefillingAt(p candidate, tokens int) bool {
 // ready, healthy by this node's checks, not degraded, with nothing waiting; least loaded
 // first.
 func (v *view) prefillers() []candidate {
-	healthy := map[string]bool{}
-	for _, p := range v.table.Peers() {
-		healthy[p.ID] = p.Healthy
-	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	var out []candidate
 	for id, m := range v.members {
-		if m.Meta.Role != RolePrefill || !serving(m) || !m.Meta.Ready || v.ringOf(m.Meta) != "" || !healthy[id] ||
+		if m.Meta.Role != RolePrefill || !v.up(id) || !m.Meta.Ready || v.ringOf(m.Meta) != "" ||
 			v.degraded[id] || m.Meta.Waiting > 0 || m.Meta.HopMinor < 7 {
 			continue
 		}
