@@ -9,6 +9,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/infernode/infernode/node/quota"
+	"github.com/infernode/infernode/session/infer"
 )
 
 // Tenants' rate limits (node/quota): every client request is admitted against its
@@ -23,17 +24,15 @@ func (s *Server) admit(ctx *fasthttp.RequestCtx, c *completion) bool {
 	q := s.cluster.Quota()
 	name := t.limitName()
 	lim := q.Limit(name, c.model)
-	if lim.Batch { // the tenant's class: its requests are batch work whatever they ask
-		c.req.Batch = true
-		for i := range c.batch {
-			c.batch[i].req.Batch = true
-		}
+	// The tenant's class and cache: its requests are batch work, and may be answered from
+	// the response cache, whatever they ask.
+	reqs := []*infer.Request{&c.req}
+	for i := range c.batch {
+		reqs = append(reqs, &c.batch[i].req)
 	}
-	if lim.CacheAnswers {
-		c.req.CacheAnswer = true
-		for i := range c.batch {
-			c.batch[i].req.CacheAnswer = true
-		}
+	for _, r := range reqs {
+		r.Batch = r.Batch || lim.Batch
+		r.CacheAnswer = r.CacheAnswer || lim.CacheAnswers
 	}
 	tokens := 0
 	if lim.TPM > 0 {

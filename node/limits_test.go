@@ -11,14 +11,25 @@ import (
 	"testing"
 )
 
+// startTenants starts a standalone node on engine whose clients are two tenants, alpha
+// (key-of-tenant-a-0001) and beta (key-of-tenant-b-0002), held to the limits file text
+// limits, and returns its URL.
+func startTenants(t *testing.T, engine *fakeEngine, limits string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "limits")
+	if err := os.WriteFile(path, []byte(limits), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	keys := writeKeys(t, "key-of-tenant-a-0001 alpha\nkey-of-tenant-b-0002 beta\n")
+	url, _ := startStandalone(t, engine, func(c *Config) { c.KeyFile, c.LimitsFile = keys, path })
+	return url
+}
+
 // TestRateLimitAnswers: a limited tenant's answers carry OpenAI's x-ratelimit headers;
 // past its burst it gets a 429 in OpenAI's shape with retry-after and retry-after-ms; a
 // tenant without limits carries none.
 func TestRateLimitAnswers(t *testing.T) {
-	limits := filepath.Join(t.TempDir(), "limits")
-	os.WriteFile(limits, []byte("alpha rpm=60 tpm=600 burst=3\n"), 0o600) // 3 requests, 30 tokens at once
-	keys := writeKeys(t, "key-of-tenant-a-0001 alpha\nkey-of-tenant-b-0002 beta\n")
-	url, _ := startStandalone(t, &fakeEngine{n: 1}, func(c *Config) { c.KeyFile, c.LimitsFile = keys, limits })
+	url := startTenants(t, &fakeEngine{n: 1}, "alpha rpm=60 tpm=600 burst=3\n") // 3 requests, 30 tokens at once
 	alpha := []string{"Authorization", "Bearer key-of-tenant-a-0001"}
 	var statuses []int
 	var last map[string]string
@@ -59,11 +70,8 @@ func TestRateLimitAnswers(t *testing.T) {
 // TestBatchPriority: service_tier "flex" makes a request batch work, and so does its
 // tenant's priority=batch whatever it asks; an unknown tier is refused.
 func TestBatchPriority(t *testing.T) {
-	limits := filepath.Join(t.TempDir(), "limits")
-	os.WriteFile(limits, []byte("beta priority=batch\n"), 0o600)
-	keys := writeKeys(t, "key-of-tenant-a-0001 alpha\nkey-of-tenant-b-0002 beta\n")
 	engine := &fakeEngine{n: 1}
-	url, _ := startStandalone(t, engine, func(c *Config) { c.KeyFile, c.LimitsFile = keys, limits })
+	url := startTenants(t, engine, "beta priority=batch\n")
 	for _, tc := range []struct {
 		key, body string
 		status    int
@@ -89,11 +97,8 @@ func TestBatchPriority(t *testing.T) {
 // asks (response_cache) or its tenant's limits say response_cache=on, and computed every
 // time otherwise; the cached answer's usage says so.
 func TestResponseCacheOptIn(t *testing.T) {
-	limits := filepath.Join(t.TempDir(), "limits")
-	os.WriteFile(limits, []byte("beta response_cache=on\n"), 0o600)
-	keys := writeKeys(t, "key-of-tenant-a-0001 alpha\nkey-of-tenant-b-0002 beta\n")
 	engine := &fakeEngine{n: 3}
-	url, _ := startStandalone(t, engine, func(c *Config) { c.KeyFile, c.LimitsFile = keys, limits })
+	url := startTenants(t, engine, "beta response_cache=on\n")
 	for _, tc := range []struct {
 		key, body string
 		computed  int64 // of two asks
