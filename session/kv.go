@@ -9,6 +9,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/infernode/infernode/internal/keep"
 	"github.com/infernode/infernode/session/infer"
 )
 
@@ -54,7 +55,7 @@ func (e *Engine) Snapshot(ctx context.Context, key string) (*Snapshot, error) {
 	var state []byte
 	var share string
 	var err error
-	buf := stateBuffer()
+	buf := stateBufs.Get()
 	doErr := e.do(ctx, func() {
 		for _, s := range e.slots {
 			if s.key == key && s.job == nil && len(s.tokens) > 0 {
@@ -69,13 +70,13 @@ func (e *Engine) Snapshot(ctx context.Context, key string) (*Snapshot, error) {
 		err = infer.ErrNotCached
 	})
 	if err = cmp.Or(doErr, err); err != nil {
-		putStateBuffer(buf)
+		stateBufs.Put(buf)
 		return nil, err
 	}
 	h := frameHeader{Fingerprint: e.cfg.Fingerprint, KVType: e.cfg.KVType, Key: key, Share: share}
 	head, err := frameHead(h, tokens, state)
 	if err != nil {
-		putStateBuffer(buf)
+		stateBufs.Put(buf)
 		return nil, fmt.Errorf("export %q: %w", key, err)
 	}
 	return &Snapshot{head: head, state: state, tokens: len(tokens), buf: buf}, nil
@@ -103,7 +104,7 @@ func (s *Snapshot) Tokens() int { return s.tokens }
 // Release returns the state's buffer; the snapshot is not used after.
 func (s *Snapshot) Release() {
 	if s.buf != nil {
-		putStateBuffer(s.buf)
+		stateBufs.Put(s.buf)
 		s.buf, s.state = nil, nil
 	}
 }
@@ -123,40 +124,13 @@ func (e *Engine) Export(ctx context.Context, key string, w io.Writer) (int, erro
 }
 
 // stateBufs hold the states of snapshots between them: a fresh buffer of tens of
-// megabytes costs page faults and garbage collection every time, and on a machine whose
-// cores all run llama.cpp's threads that time comes out of the steps of the streams
-// decoding (measured on the receiving side, when imports still copied the state:
-// BenchmarkImportStall's p99 inter-token latency was 2.9-4.6x the baseline with a fresh
-// buffer for every import, 1.4x with a reused one). They are a free list, not a
-// sync.Pool, whose buffers every garbage collection drops: on the machines this project
-// is measured on, touching memory the process got back from the kernel costs about 14µs
-// a page (a 27 MB frame's buffer, 100 ms: more than its snapshot and its transfer). At
-// most keptStates buffers of at most maxKeptState bytes are kept.
-var stateBufs = make(chan *[]byte, keptStates)
-
-const (
-	keptStates   = 2 // kvmove's concurrent transfers
-	maxKeptState = 256 << 20
-)
-
-func stateBuffer() *[]byte {
-	select {
-	case b := <-stateBufs:
-		return b
-	default:
-		return new([]byte)
-	}
-}
-
-func putStateBuffer(b *[]byte) {
-	if cap(*b) > maxKeptState {
-		return
-	}
-	select {
-	case stateBufs <- b:
-	default:
-	}
-}
+// megabytes costs page faults and garbage collection every time (see internal/keep), and
+// on a machine whose cores all run llama.cpp's threads that time comes out of the steps of
+// the streams decoding (measured on the receiving side, when imports still copied the
+// state: BenchmarkImportStall's p99 inter-token latency was 2.9-4.6x the baseline with a
+// fresh buffer for every import, 1.4x with a reused one). Two are kept (kvmove's
+// concurrent transfers), of at most 256 MiB.
+var stateBufs = keep.New(2, 256<<20)
 
 // Import checks a KV frame and installs it as its conversation's cache (from where the
 // state lies in frame: no copy is made), replacing any

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/time/rate"
 
+	"github.com/infernode/infernode/internal/keep"
 	"github.com/infernode/infernode/node/hop"
 	"github.com/infernode/infernode/session/infer"
 )
@@ -96,7 +97,7 @@ type Mover struct {
 	now    func() time.Time
 
 	slots    chan struct{} // pushes in flight
-	pullBufs chan *[]byte  // buffers of pulled frames, kept between pulls (see pullBuffer)
+	pullBufs *keep.Buffers // buffers of pulled frames, kept between pulls (the import copies the frame out)
 	limit    *rate.Limiter // bytes a second of pushes (nil: no bound)
 
 	mu     sync.Mutex
@@ -124,7 +125,7 @@ func New(cfg Config, ring Ring, local Local, auth *hop.Auth, client *http.Client
 	m := &Mover{
 		cfg: cfg, log: log.With("component", "kvmove"), ring: ring, local: local, hop: auth, client: client, now: now,
 		slots:    make(chan struct{}, cfg.Transfers),
-		pullBufs: make(chan *[]byte, cfg.Transfers),
+		pullBufs: keep.New(cfg.Transfers, maxPulled),
 		limit:    newLimit(cfg.Bandwidth),
 		rates:    map[string]float64{},
 		pulled:   map[string]time.Time{},

@@ -127,8 +127,8 @@ func (m *Mover) pull(ctx context.Context, from Peer, key string, origin infer.Or
 	default:
 		return 0, fmt.Errorf("pull KV from %s: %w", from.ID, hop.DecodeError(resp))
 	}
-	buf := m.pullBuffer()
-	defer m.keepPullBuffer(buf)
+	buf := m.pullBufs.Get()
+	defer m.pullBufs.Put(buf)
 	frame, err := readFrame(resp, buf)
 	*buf = frame[:0]
 	switch {
@@ -165,26 +165,6 @@ func readFrame(resp *http.Response, buf *[]byte) ([]byte, error) {
 		return frame[:0], err
 	}
 	return frame, nil
-}
-
-// pullBuffer is a buffer for a pulled frame: one kept from an earlier pull when there is
-// one, since memory touched for the first time costs more here than the frame's copy and
-// import (see session's stateBufs); keepPullBuffer keeps it for the next (at most
-// Config.Transfers of them; the import copied the frame out).
-func (m *Mover) pullBuffer() *[]byte {
-	select {
-	case b := <-m.pullBufs:
-		return b
-	default:
-		return new([]byte)
-	}
-}
-
-func (m *Mover) keepPullBuffer(b *[]byte) {
-	select {
-	case m.pullBufs <- b:
-	default:
-	}
 }
 
 // Take installs a frame a peer pushed (the receiving end of a push or a replica), which
