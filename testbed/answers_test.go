@@ -62,7 +62,7 @@ func TestResponseCache(t *testing.T) {
 	case generated() != before:
 		t.Errorf("asked again: %v tokens generated", generated()-before)
 	}
-	if hits, _ := c.Metric(nodeByID(c, first.node), "infernode_response_cache_hits_total"); hits != 1 {
+	if hits, _ := c.Metric(c.Node(first.node), "infernode_response_cache_hits_total"); hits != 1 {
 		t.Errorf("the owner counts %v hits, want 1", hits)
 	}
 	for name, edit := range map[string]func(map[string]any){
@@ -76,13 +76,4 @@ func TestResponseCache(t *testing.T) {
 			t.Errorf("%s: from the cache %v, %v tokens generated", name, cached, generated()-before)
 		}
 	}
-}
-
-func nodeByID(c *Cluster, id string) *Node {
-	for _, n := range c.Nodes {
-		if n.ID == id {
-			return n
-		}
-	}
-	return nil
 }

@@ -122,10 +122,7 @@ func BenchmarkTransferOrRecompute(b *testing.B) {
 	if err := netem.Available(); err != nil {
 		b.Skipf("needs network namespaces (root): %v", err)
 	}
-	model := os.Getenv("INFERNODE_BENCH_MODEL")
-	if model == "" {
-		model = testenv.Model(b)
-	}
+	model := benchModel(b)
 	for _, mbit := range []int{10, 100, 1000} {
 		b.Run(fmt.Sprintf("cap=%dMbit", mbit), func(b *testing.B) {
 			var transferred, recomputed, bytes, seconds, prefill, cached float64
@@ -229,10 +226,7 @@ func BenchmarkTransferOrRecompute(b *testing.B) {
 // alpha's first conversation (cold), beta's with the same system prompt (another tenant),
 // then alpha's second (its own tenant: shared). One node, INFERNODE_BENCH_MODEL when set.
 func BenchmarkTenantPrefix(b *testing.B) {
-	model := os.Getenv("INFERNODE_BENCH_MODEL")
-	if model == "" {
-		model = testenv.Model(b)
-	}
+	model := benchModel(b)
 	keys := filepath.Join(b.TempDir(), "keys")
 	if err := os.WriteFile(keys, []byte("key-of-alpha-000001 alpha\nkey-of-beta-0000002 beta\n"), 0o600); err != nil {
 		b.Fatal(err)
@@ -282,10 +276,7 @@ func BenchmarkTenantPrefix(b *testing.B) {
 // tbf and --kv-bandwidth 1000 (root only). The model is INFERNODE_BENCH_MODEL when set
 // (make bench-model), else the test model.
 func BenchmarkKVPush(b *testing.B) {
-	model := os.Getenv("INFERNODE_BENCH_MODEL")
-	if model == "" {
-		model = testenv.Model(b)
-	}
+	model := benchModel(b)
 	for _, mbit := range []int{0, 1000} {
 		name := "loopback"
 		if mbit > 0 {
@@ -334,12 +325,7 @@ func BenchmarkKVPush(b *testing.B) {
 			}
 			m := []message{{"system", "story: " + strings.Repeat("a long and winding tale of the river and the sea ", 70)}, {"user", "begin"}}
 			first := chat(b, c.Nodes[0].URL(), m, 1)
-			var owner *Node
-			for _, n := range c.Nodes {
-				if n.ID == first.node {
-					owner = n
-				}
-			}
+			owner := c.Node(first.node)
 			if owner == nil || !poll.Within(10*time.Second, 20*time.Millisecond, func() bool { return counters(owner)[0] == 1 }) {
 				b.Fatalf("the first turn, served by %q, pushed no replica", first.node)
 			}
@@ -438,4 +424,12 @@ func loopbackTime(b *testing.B, n int) time.Duration {
 		c.Close()
 	}
 	return best
+}
+
+// benchModel is INFERNODE_BENCH_MODEL when set (make bench-model), else the test model.
+func benchModel(b *testing.B) string {
+	if m := os.Getenv("INFERNODE_BENCH_MODEL"); m != "" {
+		return m
+	}
+	return testenv.Model(b)
 }

@@ -516,6 +516,16 @@ func (c *Cluster) WaitDropped(ctx context.Context, n *Node, timeout time.Duratio
 	}
 }
 
+// Node is the node of id, or nil.
+func (c *Cluster) Node(id string) *Node {
+	for _, n := range c.Nodes {
+		if n.ID == id {
+			return n
+		}
+	}
+	return nil
+}
+
 // IDs are the ids of the given nodes (all nodes when none are given).
 func (c *Cluster) IDs(nodes ...*Node) []string {
 	if len(nodes) == 0 {

@@ -110,13 +110,11 @@ func TestResponsesChain(t *testing.T) {
 	}
 
 	byID := func(id string) *Node {
-		for _, n := range c.Nodes {
-			if n.ID == id {
-				return n
-			}
+		n := c.Node(id)
+		if n == nil {
+			t.Fatalf("no node %q", id)
 		}
-		t.Fatalf("no node %q", id)
-		return nil
+		return n
 	}
 	first := turn(0, c.Nodes[0], "")
 	owner := byID(first.node)
