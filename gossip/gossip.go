@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/memberlist"
@@ -54,6 +55,10 @@ type Config struct {
 	// within MetaInterval at any size. Default 100: every 500ms up to 50 members, every
 	// 10s at 1,000.
 	LoadUpdates float64
+	// NoteUpdates bounds the notes a second the whole cluster gossips (see SetNote):
+	// each member sends one at most every max(MetaInterval, members/NoteUpdates).
+	// Default 10.
+	NoteUpdates float64
 	// Key, if set (16, 24 or 32 bytes), encrypts gossip; every node needs the same key.
 	Key []byte
 	// ExtraKeys are further keys that decrypt (never encrypt) gossip, for rotating Key
@@ -127,6 +132,7 @@ func DefaultConfig() Config {
 		RejoinInterval:   5 * time.Second,
 		MetaInterval:     500 * time.Millisecond,
 		LoadUpdates:      100,                    // docs/SCALE.md: ~42 KiB/s a member (uncompressed) at 100 and at 300 members
+		NoteUpdates:      10,                     // notes.go: at 1,000 members a member's digest of prefixes goes out every 100s at most
 		ProbeInterval:    500 * time.Millisecond, // memberlist's LAN default is 1s
 		ProbeTimeout:     250 * time.Millisecond, // loopback and LAN round trips are far below this
 		SuspicionMult:    3,                      // suspect → dead after 3*log10(n)*probe, at least 1.5s
@@ -178,9 +184,9 @@ func (c Config) Validate() error {
 	if c.ProbeInterval <= 0 || c.ProbeTimeout <= 0 || c.ProbeTimeout >= c.ProbeInterval {
 		errs = append(errs, fmt.Errorf("gossip: need 0 < probe timeout (%v) < probe interval (%v)", c.ProbeTimeout, c.ProbeInterval))
 	}
-	if c.SuspicionMult < 1 || c.RejoinInterval <= 0 || c.MetaInterval <= 0 || c.ForgetAfter <= 0 || c.LoadUpdates <= 0 {
-		errs = append(errs, fmt.Errorf("gossip: suspicion multiplier (%d), rejoin interval (%v), meta interval (%v), forget-after (%v) and load updates (%v) must be positive",
-			c.SuspicionMult, c.RejoinInterval, c.MetaInterval, c.ForgetAfter, c.LoadUpdates))
+	if c.SuspicionMult < 1 || c.RejoinInterval <= 0 || c.MetaInterval <= 0 || c.ForgetAfter <= 0 || c.LoadUpdates <= 0 || c.NoteUpdates <= 0 {
+		errs = append(errs, fmt.Errorf("gossip: suspicion multiplier (%d), rejoin interval (%v), meta interval (%v), forget-after (%v), load updates (%v) and note updates (%v) must be positive",
+			c.SuspicionMult, c.RejoinInterval, c.MetaInterval, c.ForgetAfter, c.LoadUpdates, c.NoteUpdates))
 	}
 	return errors.Join(errs...)
 }
@@ -225,6 +231,14 @@ type Gossip struct {
 	addr    string // advertised gossip address, set once Run has started memberlist
 	joined  bool
 
+	// Notes (see notes.go), guarded by mu but queue, which has its own lock.
+	note        []byte           // this node's, as last set
+	notes       map[string]*note // by member name, this node's as last sent included
+	noteSent    time.Time
+	noteVersion uint64
+	queue       *memberlist.TransmitLimitedQueue
+	size        atomic.Int64 // members memberlist counts, for queue
+
 	changes chan struct{}
 }
 
@@ -248,11 +262,17 @@ func New(cfg Config, tags []byte) (*Gossip, error) {
 		seed := uint64(time.Now().UnixNano())
 		rng = rand.New(rand.NewPCG(seed, seed>>32|1))
 	}
-	return &Gossip{
+	g := &Gossip{
 		cfg: cfg, log: log.With("component", "gossip"), name: cfg.ID + "#" + cfg.Incarnation, rng: rng,
 		tags: tags, sent: tags, members: map[string]Member{}, changes: make(chan struct{}, 1),
-	}, nil
+		notes: map[string]*note{}, noteVersion: uint64(time.Now().UnixNano()),
+	}
+	g.queue = &memberlist.TransmitLimitedQueue{NumNodes: func() int { return int(g.size.Load()) }, RetransmitMult: retransmitMult}
+	return g, nil
 }
+
+// retransmitMult is memberlist's RetransmitMult, which the notes' queue uses too.
+const retransmitMult = 4
 
 func checkTags(tags []byte) error {
 	if len(tags) > MaxTags {
@@ -315,6 +335,7 @@ func (g *Gossip) Run(ctx context.Context) error {
 	mc.AdvertiseAddr, mc.AdvertisePort = g.cfg.AdvertiseAddr, g.cfg.AdvertisePort
 	mc.ProbeInterval, mc.ProbeTimeout, mc.SuspicionMult = g.cfg.ProbeInterval, g.cfg.ProbeTimeout, g.cfg.SuspicionMult
 	mc.GossipInterval, mc.GossipNodes, mc.PushPullInterval = g.cfg.GossipInterval, g.cfg.GossipNodes, g.cfg.PushPullInterval
+	mc.RetransmitMult = retransmitMult
 	if len(g.cfg.Key) > 0 {
 		kr, err := memberlist.NewKeyring(g.cfg.ExtraKeys, g.cfg.Key)
 		if err != nil {
@@ -391,6 +412,8 @@ func (g *Gossip) Run(ctx context.Context) error {
 			}
 		}
 		members := ml.NumMembers() // before mu: memberlist calls record, which takes mu, under its own lock
+		g.size.Store(int64(members))
+		g.sendNote(now, members)
 		g.mu.Lock()
 		push := g.due(now.Sub(lastMeta), members)
 		if push {
@@ -516,6 +539,7 @@ func (g *Gossip) prune(now time.Time) {
 	for name, m := range g.members {
 		if m.State != Alive && now.Sub(m.since) >= g.cfg.ForgetAfter {
 			delete(g.members, name)
+			delete(g.notes, name)
 		}
 	}
 }
@@ -557,10 +581,12 @@ func (d delegate) NodeMeta(limit int) []byte {
 	}
 	return d.g.tags
 }
-func (delegate) NotifyMsg([]byte)                           {}
-func (delegate) GetBroadcasts(overhead, limit int) [][]byte { return nil }
-func (delegate) LocalState(join bool) []byte                { return nil }
-func (delegate) MergeRemoteState(buf []byte, join bool)     {}
+func (d delegate) NotifyMsg(buf []byte) { d.g.receive(buf) }
+func (d delegate) GetBroadcasts(overhead, limit int) [][]byte {
+	return d.g.queue.GetBroadcasts(overhead, limit)
+}
+func (d delegate) LocalState(join bool) []byte            { return d.g.localState() }
+func (d delegate) MergeRemoteState(buf []byte, join bool) { d.g.mergeState(buf) }
 
 // events records membership changes. memberlist calls it synchronously; it must not block.
 type events struct{ g *Gossip }

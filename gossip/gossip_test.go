@@ -296,3 +296,59 @@ func TestProtocolVersions(t *testing.T) {
 	poll.Until(t, 15*time.Second, "b sees a's protocol versions", func() bool { return states(b)["a"].Protocol == [3]uint8{1, 4, 4} })
 	poll.Until(t, 15*time.Second, "a sees b's", func() bool { return states(a)["b"].Protocol == [3]uint8{1, 4, 3} })
 }
+
+// TestNotes: a note reaches every member, a newer one replaces it, a member that joins
+// later learns it (from the push-pull exchange of its join), and a departed member's note
+// is not listed.
+func TestNotes(t *testing.T) {
+	a, _ := start(t, "a", nil, nil)
+	b, stopB := start(t, "b", []string{a.Addr()}, nil)
+	c, _ := start(t, "c", []string{a.Addr()}, nil)
+	noteOf := func(g *Gossip, from *Gossip) string { return string(g.Notes()[from.Name()]) }
+	for _, g := range []*Gossip{a, c} {
+		poll.Until(t, 15*time.Second, g.Name()+" sees b", func() bool { return states(g)["b"].State == Alive })
+	}
+	for _, body := range []string{"first", "second"} {
+		if err := b.SetNote([]byte(body)); err != nil {
+			t.Fatal(err)
+		}
+		for _, g := range []*Gossip{a, c} {
+			poll.Until(t, 15*time.Second, g.Name()+" has b's note "+body, func() bool { return noteOf(g, b) == body })
+		}
+	}
+	if got := noteOf(b, b); got != "" {
+		t.Errorf("a node lists its own note: %q", got)
+	}
+	// Once no broadcast of it is left to send, only a push-pull exchange can teach it.
+	poll.Until(t, 15*time.Second, "b's note no longer broadcast", func() bool {
+		return a.queue.NumQueued()+b.queue.NumQueued()+c.queue.NumQueued() == 0
+	})
+	d, _ := start(t, "d", []string{c.Addr()}, nil)
+	poll.Until(t, 15*time.Second, "d, joined later, has b's note", func() bool { return noteOf(d, b) == "second" })
+	stopB()
+	poll.Until(t, 15*time.Second, "a sees b leave", func() bool { return states(a)["b"].State == Left })
+	if got := noteOf(a, b); got != "" {
+		t.Errorf("a lists the note of b, which left: %q", got)
+	}
+	if err := a.SetNote(make([]byte, MaxNote+1)); err == nil {
+		t.Error("SetNote accepted a note over MaxNote")
+	}
+}
+
+// TestDecodeNote: notes from the network are read with every length checked.
+func TestDecodeNote(t *testing.T) {
+	good := encodeNote(nil, "a#1", &note{version: 7, body: []byte("body")})
+	name, n, rest, err := decodeNote(good)
+	if err != nil || name != "a#1" || n.version != 7 || string(n.body) != "body" || len(rest) != 0 {
+		t.Fatalf("decode = %q %+v %q %v", name, n, rest, err)
+	}
+	for i := range len(good) {
+		if _, _, _, err := decodeNote(good[:i]); err == nil {
+			t.Errorf("a note cut to %d bytes decoded", i)
+		}
+	}
+	big := encodeNote(nil, "a#1", &note{body: make([]byte, MaxNote+1)})
+	if _, _, _, err := decodeNote(big); err == nil {
+		t.Error("a note over MaxNote decoded")
+	}
+}

@@ -64,6 +64,10 @@ func (*fakeEngine) Import(context.Context, []byte, infer.Origin, string) (infer.
 func (*fakeEngine) Conversations(context.Context) ([]string, error) { return nil, nil }
 func (*fakeEngine) Demote(context.Context, string) error            { return nil }
 func (*fakeEngine) Holds(string) bool                               { return false }
+func (*fakeEngine) Prefixes(context.Context, int) ([]uint64, error) { return nil, nil }
+func (*fakeEngine) PromptPrefixes(infer.Request) ([]int32, []uint64, error) {
+	return nil, nil, nil
+}
 
 type fakeStream struct{ n, i int }
 

@@ -334,7 +334,9 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, c *completion, submit submit
 	ended := func() {}
 	if node, _, _ := s.cluster.Route(st); node == "" {
 		ended = func() {
-			if st.Result().Err == nil {
+			// A prefill-only request is a peer's, which pulls the KV itself (routing's
+			// prefill and prefix pulls): no replica of it is kept warm.
+			if st.Result().Err == nil && !c.req.PrefillOnly {
 				s.cluster.Served(c.req.SessionID, s.isDraining())
 			}
 		}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -703,5 +704,47 @@ func TestKVActive(t *testing.T) {
 	poll.Until(t, 30*time.Second, "no cells held by running requests", func() bool { return e.Stats().KVActive == 0 })
 	if st := e.Stats(); st.KVUsed == 0 {
 		t.Errorf("stats %+v: the idle conversation holds no cells", st)
+	}
+}
+
+// TestPrefixes: the hashes of what a sequence holds match those of a new prompt that
+// begins the same way, block for block, up to where they differ; in another sharing
+// domain, or on another model, none match.
+func TestPrefixes(t *testing.T) {
+	e := startEngine(t, nil)
+	system := "<|im_start|>system\n" + strings.Repeat("you answer questions about the quiet river ", 12) + "<|im_end|>\n"
+	ask := func(q string) infer.Request {
+		return greedy("", system+"<|im_start|>user\n"+q+"<|im_end|>\n<|im_start|>assistant\n", 4)
+	}
+	first := ask("where does it run")
+	first.SessionID = "a"
+	generate(t, e, first)
+	held, err := e.Prefixes(t.Context(), 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := ask("what lives in it")
+	tokens, hashes, err := e.PromptPrefixes(next)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prefix, _ := e.b.Tokenize(system+"<|im_start|>user\n", true, true)
+	common := 0
+	for common < len(hashes) && slices.Contains(held, hashes[common]) {
+		common++
+	}
+	if want := len(prefix) / infer.PrefixBlock; common < want || common > want+1 || len(hashes) != (len(tokens)-1)/infer.PrefixBlock {
+		t.Errorf("%d of %d blocks match what is held; want the %d whole blocks of the shared beginning (%d tokens)", common, len(hashes), want, len(prefix))
+	}
+	if short, _ := e.Prefixes(t.Context(), 2); len(short) != 2 {
+		t.Errorf("Prefixes with a limit of 2: %d hashes", len(short))
+	}
+	other := next
+	other.Share = "another tenant"
+	if _, hashes, _ := e.PromptPrefixes(other); slices.Contains(held, hashes[0]) {
+		t.Error("a prompt of another sharing domain matches what is held")
+	}
+	if _, hashes, _ := startEngine(t, func(c *Config) { c.Fingerprint = "another model" }).PromptPrefixes(next); slices.Contains(held, hashes[0]) {
+		t.Error("a prompt on another model matches what is held")
 	}
 }

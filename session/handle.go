@@ -125,3 +125,20 @@ func (h *Handle) Conversations(ctx context.Context) ([]string, error) {
 }
 
 var _ infer.Stream = (*Stream)(nil)
+
+// Prefixes and PromptPrefixes: see Engine.Prefixes and Engine.PromptPrefixes.
+func (h *Handle) Prefixes(ctx context.Context, limit int) ([]uint64, error) {
+	e := h.e.Load()
+	if e == nil {
+		return nil, infer.ErrClosed
+	}
+	return e.Prefixes(ctx, limit)
+}
+
+func (h *Handle) PromptPrefixes(req infer.Request) ([]int32, []uint64, error) {
+	e := h.e.Load()
+	if e == nil {
+		return nil, nil, infer.ErrClosed
+	}
+	return e.PromptPrefixes(req)
+}

@@ -409,6 +409,9 @@ type MemberView struct {
 	RingShare   float64        `json:"ring_share"`
 	Load        map[string]int `json:"load"`     // running, waiting, free_kv
 	Degraded    bool           `json:"degraded"` // most of the cluster finds it slow
+	// PrefixDigest is how full its gossiped digest of the prompt beginnings it holds is
+	// (the share of its bits set): 0 while it holds none.
+	PrefixDigest float64 `json:"prefix_digest"`
 }
 
 // View asks a node for its view of the cluster.

@@ -90,6 +90,9 @@ type Config struct {
 	// node prefill a long uncached prompt when that costs it less; RolePrefill owns none
 	// and prefills for the others.
 	Role string
+	// SharePrefixes gossips a digest of the prompt beginnings this node holds, and pulls
+	// a new conversation's beginning from a peer whose digest shows it (see prefix.go).
+	SharePrefixes bool
 	// Candidates is how many ring owners a request may try. Default 3.
 	Candidates int
 	// DefaultMaxTokens is the engine's token limit for requests that set none, needed to
@@ -120,6 +123,7 @@ func DefaultConfig() Config {
 		ProgressTimeout: 15 * time.Second,       // far above a token's time or a keep-alive's; a stalled owner costs its clients this
 		MaxLine:         1 << 20,                // one token's text is a few bytes; an error message a few KiB
 		Role:            RoleBoth,               // prefill and decode what it owns
+		SharePrefixes:   true,                   // a beginning held in the cluster is prefilled once
 		Candidates:      3,                      // the owner and two successors
 		Ring:            ring.DefaultConfig(),
 		KV:              kvmove.DefaultConfig(),

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"slices"
@@ -33,6 +34,8 @@ type fakeMembers struct {
 	members []member
 	raw     []gossip.Member // when set, what Members returns as it is (see setRaw)
 	tags    []byte
+	notes   map[string][]byte // by member name: the peers' notes (see Notes)
+	note    []byte            // this node's
 	changes chan struct{}
 }
 
@@ -59,6 +62,17 @@ func (f *fakeMembers) SetTags(tags []byte) error {
 	defer f.mu.Unlock()
 	f.tags = tags
 	return nil
+}
+func (f *fakeMembers) SetNote(b []byte) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.note = b
+	return nil
+}
+func (f *fakeMembers) Notes() map[string][]byte {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return maps.Clone(f.notes)
 }
 func (f *fakeMembers) Joined() bool { return true }
 func (f *fakeMembers) Addr() string { return "gossip:1" }
@@ -170,6 +184,7 @@ type fakeEngine struct {
 	mu       sync.Mutex
 	script   script
 	served   atomic.Int64
+	last     atomic.Pointer[infer.Request] // the last request submitted
 	canceled atomic.Int64
 	started  chan struct{} // a request arrived (buffered)
 	release  chan struct{} // closed: stalled streams go on
@@ -193,6 +208,7 @@ func (e *fakeEngine) get() script {
 
 func (e *fakeEngine) Submit(ctx context.Context, req infer.Request) (infer.Stream, error) {
 	e.started <- struct{}{}
+	e.last.Store(&req)
 	s := e.get()
 	switch {
 	case s.busy:
@@ -231,6 +247,24 @@ func (*fakeEngine) Import(context.Context, []byte, infer.Origin, string) (infer.
 func (*fakeEngine) Conversations(context.Context) ([]string, error) { return nil, nil }
 func (*fakeEngine) Demote(context.Context, string) error            { return nil }
 func (*fakeEngine) Holds(string) bool                               { return false }
+func (*fakeEngine) Prefixes(context.Context, int) ([]uint64, error) { return nil, nil }
+
+// PromptPrefixes: the fake engine's prompt is its words, each a token, blocks hashed by
+// their index (as blockHashes builds them).
+func (*fakeEngine) PromptPrefixes(req infer.Request) ([]int32, []uint64, error) {
+	words := strings.Fields(req.Prompt)
+	tokens := make([]int32, len(words))
+	return tokens, blockHashes(max(0, len(words)-1) / infer.PrefixBlock), nil
+}
+
+// blockHashes are n made-up block hashes, the same for every prompt of as many blocks.
+func blockHashes(n int) []uint64 {
+	out := make([]uint64, n)
+	for i := range out {
+		out[i] = uint64(i+1) * 0x9e3779b97f4a7c15
+	}
+	return out
+}
 
 type fakeStream struct {
 	ctx        context.Context

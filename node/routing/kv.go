@@ -80,11 +80,13 @@ func (k quotaRing) Owner(model, key string) (quota.Peer, bool) {
 
 // ServeLocal serves req on this node's engine: from the response cache when it holds the
 // answer (see node/answers); else first pulling its conversation's KV from where it was
-// served before when this node does not hold it (see kvmove.Mover.BeforeServe), or having
-// a prefill node prefill it (see prefill.go).
+// served before when this node does not hold it (see kvmove.Mover.BeforeServe), pulling
+// its prompt's beginning from a peer that holds it (see prefix.go), or having a prefill
+// node prefill it (see prefill.go).
 func (r *Router) ServeLocal(ctx context.Context, req infer.Request) (infer.Stream, error) {
 	return r.answers.Serve(req, func() (infer.Stream, error) {
 		r.kv.BeforeServe(ctx, req)
+		r.prefixElsewhere(ctx, req)
 		r.prefillElsewhere(ctx, req)
 		return r.local.Submit(ctx, req)
 	})

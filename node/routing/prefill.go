@@ -61,12 +61,14 @@ func (r *Router) prefillElsewhere(ctx context.Context, req infer.Request) {
 	if tokens == 0 {
 		tokens = len(req.Prompt) / promptBytesPerToken
 	}
-	if !r.worthPrefillingAt(p, tokens) {
+	// A node of role both counts the peer's prefill too, and prefills itself until it
+	// knows its own rate; a decode node keeps prefill off its decoding streams, and sends
+	// it away even before it knows the costs (the first pulls measure them).
+	if beats, known := r.pullBeatsPrefill(p, tokens, r.cfg.Role == RoleBoth); !beats || !known && r.cfg.Role != RoleDecode {
 		r.prefills.WithLabelValues("recompute").Inc()
 		return
 	}
-	pre := req
-	pre.PrefillOnly, pre.MaxTokens, pre.CacheAnswer, pre.Logprobs, pre.TopLogprobs, pre.Batch = true, 0, false, false, 0, false
+	pre := prefillOnly(req)
 	start := r.clock.Now()
 	err := r.prefillAt(ctx, p, pre)
 	if err == nil {
@@ -100,20 +102,30 @@ func (r *Router) prefillAt(ctx context.Context, p candidate, pre infer.Request) 
 	}
 }
 
-// worthPrefillingAt compares, for a prompt of tokens, pulling its KV from peer p (and,
-// for a node of RoleBoth, p's prefill) with this node's own prefill (see above). Costs it
-// cannot estimate yet count as nothing, so that the first pulls measure them.
-func (r *Router) worthPrefillingAt(p candidate, tokens int) bool {
+// prefillOnly is req as a prefill-only request for a peer: its prompt's KV computed,
+// nothing generated, cached or sampled.
+func prefillOnly(req infer.Request) infer.Request {
+	pre := req
+	pre.PrefillOnly, pre.MaxTokens, pre.CacheAnswer, pre.Logprobs, pre.TopLogprobs, pre.Batch = true, 0, false, false, 0, false
+	pre.Schema, pre.Answered, pre.FollowUp = "", "", false
+	return pre
+}
+
+// pullBeatsPrefill compares, for tokens of a prompt, pulling their KV from peer p (and,
+// when peerPrefills, p's prefill of them at the rate it gossips) with this node's own
+// prefill of them at its recent rate. Costs it cannot estimate yet count as nothing;
+// known is false when this node's own rate is not known yet.
+func (r *Router) pullBeatsPrefill(p candidate, tokens int, peerPrefills bool) (beats, known bool) {
 	rtt := time.Duration(r.v.speed.of(p.id).ProbeMS * float64(time.Millisecond))
 	remote := 2*rtt + r.kv.TransferTime(p.id, tokens)
-	if r.cfg.Role == RoleBoth && p.prefill > 0 {
+	if peerPrefills && p.prefill > 0 {
 		remote += time.Duration(float64(tokens) / p.prefill * float64(time.Second))
 	}
 	rate := r.local.Stats().PrefillRate
 	if rate <= 0 {
-		return r.cfg.Role == RoleDecode
+		return true, false
 	}
-	return remote < time.Duration(float64(tokens)/rate*float64(time.Second))
+	return remote < time.Duration(float64(tokens)/rate*float64(time.Second)), true
 }
 
 // prefillers are the prefill nodes that could take a prompt now: of this node's model,

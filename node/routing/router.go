@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -28,6 +29,10 @@ type Membership interface {
 	Changes() <-chan struct{}
 	// SetTags replaces this node's gossiped tags (its Meta, encoded).
 	SetTags([]byte) error
+	// SetNote replaces this node's gossiped note (its digest of prefixes, see prefix.go);
+	// Notes are the members' latest, by member name.
+	SetNote([]byte) error
+	Notes() map[string][]byte
 	// Joined reports whether this node has joined its cluster.
 	Joined() bool
 	// Addr is this node's gossip address.
@@ -39,6 +44,11 @@ type Membership interface {
 type Engine interface {
 	Submit(ctx context.Context, req infer.Request) (infer.Stream, error)
 	Ready() bool
+	// Prefixes are the hashes of the prompt beginnings held here, in blocks, at most
+	// limit; PromptPrefixes a request's prompt as tokens and the hashes of its blocks (see
+	// session's prefix digests).
+	Prefixes(ctx context.Context, limit int) ([]uint64, error)
+	PromptPrefixes(req infer.Request) ([]int32, []uint64, error)
 	kvmove.Local
 }
 
@@ -63,6 +73,8 @@ type Router struct {
 
 	forwards  *prometheus.CounterVec
 	prefills  *prometheus.CounterVec // prompts prefilled elsewhere (see prefill.go), by outcome
+	prefixes  *prometheus.CounterVec // prompt beginnings pulled from a peer that held them (see prefix.go), by outcome
+	held      atomic.Pointer[digest] // the digest of the prefixes held here, as last gossiped
 	resumes   prometheus.Counter
 	ringSize  prometheus.GaugeFunc
 	degradedN prometheus.GaugeFunc
@@ -114,6 +126,9 @@ func New(cfg Config, g Membership, local Engine) (*Router, error) {
 		prefills: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "infernode_remote_prefills_total", Help: "Prompts this node had a prefill node prefill, by outcome: ok, failed (prefilled here instead), recompute (a local prefill was sooner).",
 		}, []string{"outcome"}),
+		prefixes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "infernode_prefix_pulls_total", Help: "New conversations whose prompt beginning this node pulled from a peer that held it, by outcome: ok, failed (prefilled here instead), recompute (a local prefill was sooner).",
+		}, []string{"outcome"}),
 		resumes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "infernode_resumes_total", Help: "Streams resumed on another owner after theirs died mid-answer.",
 		}),
@@ -155,7 +170,7 @@ func New(cfg Config, g Membership, local Engine) (*Router, error) {
 
 // Collectors are the router's Prometheus metrics.
 func (r *Router) Collectors() []prometheus.Collector {
-	cs := []prometheus.Collector{r.forwards, r.prefills, r.resumes, r.ringSize, r.degradedN}
+	cs := []prometheus.Collector{r.forwards, r.prefills, r.prefixes, r.resumes, r.ringSize, r.degradedN}
 	for _, more := range [][]prometheus.Collector{r.kv.Collectors(), r.stored.Collectors(), r.quota.Collectors(), r.scale.collectors(), r.answers.Collectors()} {
 		cs = append(cs, more...)
 	}
@@ -187,6 +202,7 @@ const syncDelay = 50 * time.Millisecond
 // Run follows membership, checks peers and gossips this node's state until ctx ends.
 func (r *Router) Run(ctx context.Context) error {
 	go r.followRing(ctx)
+	go r.shareDigests(ctx)
 	probe := time.NewTicker(r.cfg.ProbeInterval)
 	defer probe.Stop()
 	autoscale := time.NewTicker(scaleEvery)
@@ -288,6 +304,9 @@ type MemberView struct {
 	Degraded bool    `json:"degraded"`
 	SlowHere bool    `json:"slow_here,omitempty"`
 	ProbeMS  float64 `json:"probe_ms,omitempty"`
+	// PrefixDigest is how full its digest of the prompt beginnings it holds is, as
+	// gossiped: the share of its bits set (see prefix.go); 0 when it holds none.
+	PrefixDigest float64 `json:"prefix_digest,omitempty"`
 }
 
 // Hop is this node's end of the hop's authentication: node verifies with it what peers send.
@@ -301,6 +320,9 @@ func (r *Router) Peer(ip netip.Addr) bool { return r.v.peer(ip) }
 func (r *Router) View(points int) View {
 	ready, _ := r.Ready()
 	v := r.v.View(points, ready)
+	if d := r.held.Load(); d != nil {
+		v.Members[0].PrefixDigest = d.fill()
+	}
 	r.scale.mu.Lock()
 	v.Autoscale = r.scale.last
 	r.scale.mu.Unlock()

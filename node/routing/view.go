@@ -568,6 +568,7 @@ func (v *view) Serves(model string) bool {
 func (v *view) View(points int, ready bool) View {
 	st := v.local.Stats()
 	selfAddr := v.gossip.Addr()
+	notes := v.gossip.Notes()
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	shares := map[string]map[string]float64{}
@@ -607,6 +608,7 @@ func (v *view) View(points int, ready bool) View {
 			OnRing: p.OnRing, RingShare: shareOf(v.ringOf(m.Meta), id),
 			Load:       map[string]int{"running": m.Meta.Running, "waiting": m.Meta.Waiting, "free_kv": m.Meta.FreeKV},
 			TokensPerS: m.Meta.Decode, Degraded: v.degraded[id], SlowHere: speed.Slow, ProbeMS: speed.ProbeMS,
+			PrefixDigest: digest(notes[m.Name]).fill(),
 		})
 	}
 	slices.SortFunc(out.Members[1:], func(a, b MemberView) int { return strings.Compare(a.ID, b.ID) })

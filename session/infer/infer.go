@@ -73,6 +73,10 @@ type Request struct {
 	Sampling
 }
 
+// PrefixBlock is the tokens of one block of a prefix digest: a node tells its peers which
+// prompt beginnings it holds in whole blocks (see session's Prefixes).
+const PrefixBlock = 32
+
 // ContentMark delimits data inside a prompt: message contents in a formatted chat, and the
 // text an answer had generated when it resumes on another owner. The engine tokenizes what
 // lies between two marks without turning control-token text (such as
@@ -152,6 +156,9 @@ const (
 	Pulled  Origin = "pull"    // asked of its previous owner on a miss, by a node that joined
 	// Prefilled: a prefill node computed it for this turn (disaggregated prefill).
 	Prefilled Origin = "prefill"
+	// Prefix: the beginning of a new conversation's prompt, pulled from a peer that held
+	// it for another conversation (routing's prefix digests).
+	Prefix Origin = "prefix"
 	// ResponseCache: the whole answer came from the response cache (see node/answers).
 	ResponseCache Origin = "response_cache"
 )
