@@ -45,7 +45,7 @@ APT_PACKAGES := nlohmann-json3-dev libstb-dev nftables iproute2 iptables
 TEST_APT_PACKAGES := chromium
 MALGO        := github.com/gen2brain/malgo@v0.11.24
 
-.PHONY: bench-disagg all deps test-deps flags build fuzz bench-portable bench-quant model bench-model test race lint tidy-check bench bench-http bench-cluster bench-overhead bench-compare run chaos autoscale chaos-cleanup chaos-mutants upgrade-check check-clients clean
+.PHONY: bench-disagg bench-shared-prompt all deps test-deps flags build fuzz bench-portable bench-quant model bench-model test race lint tidy-check bench bench-http bench-cluster bench-overhead bench-compare run chaos autoscale chaos-cleanup chaos-mutants upgrade-check check-clients clean
 
 all: build
 
@@ -202,6 +202,13 @@ OLLAMA_VERSION = $(shell $(GO) list -m -f '{{.Version}}' github.com/ollama/ollam
 # BenchmarkDisagg; docs/BENCHMARKS.md).
 bench-disagg: deps bench-model
 	INFERNODE_BENCH_MODEL=$(CURDIR)/$(BENCH_MODEL) $(GO) test -run '^$$' -bench Disagg -benchtime 1x -count $(COUNT) -timeout 30m ./testbed/
+
+# bench-shared-prompt: 30 conversations that begin with one ~1,000-token system prompt,
+# over 3 nodes with prefix digests and without, against one node alone: the prompt's
+# prefills in the whole cluster and the first turns' first token (testbed's
+# BenchmarkSharedPrompt; docs/BENCHMARKS.md).
+bench-shared-prompt: deps bench-model
+	INFERNODE_BENCH_MODEL=$(CURDIR)/$(BENCH_MODEL) $(GO) test -run '^$$' -bench SharedPrompt -benchtime 1x -count $(COUNT) -timeout 30m ./testbed/
 
 bench-compare: build bench-model .build/ollama
 	$(BIN)/benchcompare --ollama .build/ollama --model $(BENCH_MODEL) --rounds 2

@@ -167,7 +167,25 @@ func (r *Router) prefixElsewhere(ctx context.Context, req infer.Request) {
 		return
 	}
 	r.prefixes.WithLabelValues("ok").Inc()
+	r.nowHeld(hashes[:n/infer.PrefixBlock]) // the next conversation that begins so shares it here
 	r.log.Debug("prefix pulled", "peer", p.id, "session", req.SessionID, "tokens", n, "blocks shown", blocks, "took", r.clock.Now().Sub(start))
+}
+
+// nowHeld adds hashes to this node's digest until the next is computed, so that the
+// turns arriving meanwhile see what was just pulled here.
+func (r *Router) nowHeld(hashes []uint64) {
+	for {
+		old := r.held.Load()
+		d := newDigest(hashes)
+		if old != nil {
+			for i := range d {
+				d[i] |= (*old)[i]
+			}
+		}
+		if r.held.CompareAndSwap(old, &d) {
+			return
+		}
+	}
 }
 
 // prefixHolder is the peer whose digest shows the most of a prompt's blocks, from the
