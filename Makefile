@@ -45,7 +45,7 @@ APT_PACKAGES := nlohmann-json3-dev libstb-dev nftables iproute2 iptables
 TEST_APT_PACKAGES := chromium
 MALGO        := github.com/gen2brain/malgo@v0.11.24
 
-.PHONY: bench-disagg bench-shared-prompt all deps test-deps flags build fuzz bench-portable bench-quant model bench-model test race lint tidy-check bench bench-http bench-cluster bench-overhead bench-compare run chaos autoscale chaos-cleanup chaos-mutants upgrade-check check-clients clean
+.PHONY: bench-disagg bench-shared-prompt bench-break-even all deps test-deps flags build fuzz bench-portable bench-quant model bench-model test race lint tidy-check bench bench-http bench-cluster bench-overhead bench-compare run chaos autoscale chaos-cleanup chaos-mutants upgrade-check check-clients clean
 
 all: build
 
@@ -209,6 +209,12 @@ bench-disagg: deps bench-model
 # BenchmarkSharedPrompt; docs/BENCHMARKS.md).
 bench-shared-prompt: deps bench-model
 	INFERNODE_BENCH_MODEL=$(CURDIR)/$(BENCH_MODEL) $(GO) test -run '^$$' -bench SharedPrompt -benchtime 1x -count $(COUNT) -timeout 30m ./testbed/
+
+# bench-break-even: transfer or recompute, predicted against measured, at 100, 1,000 and
+# 8,000 prompt tokens on links capped at 20, 100 and 1,000 Mbit/s (testbed's
+# BenchmarkBreakEven; network namespaces: root).
+bench-break-even: deps bench-model
+	INFERNODE_BENCH_MODEL=$(CURDIR)/$(BENCH_MODEL) $(GO) test -run '^$$' -bench BreakEven -benchtime 1x -count $(COUNT) -timeout 60m ./testbed/
 
 bench-compare: build bench-model .build/ollama
 	$(BIN)/benchcompare --ollama .build/ollama --model $(BENCH_MODEL) --rounds 2
