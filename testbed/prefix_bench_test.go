@@ -1,12 +1,9 @@
 package testbed
 
 import (
-	"bufio"
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -59,15 +56,8 @@ func BenchmarkSharedPrompt(b *testing.B) {
 				}
 				promptLen = float64(tokenCount(b, c.Nodes[0], system))
 				ttft = append(ttft, sharedPromptLoad(b, c, system)...)
-				prefilled, pulled = 0, 0
+				prefilled, pulled = prefilledTokens(b, c, c.Nodes), 0
 				for _, n := range c.Nodes {
-					for _, m := range []struct {
-						name string
-						sign float64
-					}{{"infernode_prompt_tokens_total", 1}, {"infernode_reused_prefix_tokens_total", -1}, {"infernode_shared_prefix_tokens_total", -1}} {
-						v, _ := c.Metric(n, m.name)
-						prefilled += m.sign * v
-					}
 					v, _ := c.Metric(n, `infernode_prefix_pulls_total{outcome="ok"}`)
 					pulled += v
 				}
@@ -77,7 +67,9 @@ func BenchmarkSharedPrompt(b *testing.B) {
 				one = prefilled
 			}
 			slices.Sort(ttft)
-			ms := func(p float64) float64 { return float64(ttft[min(len(ttft)-1, int(float64(len(ttft))*p))].Microseconds()) / 1000 }
+			ms := func(p float64) float64 {
+				return float64(ttft[min(len(ttft)-1, int(float64(len(ttft))*p))].Microseconds()) / 1000
+			}
 			b.ReportMetric(prefilled, "tokens-prefilled")
 			b.ReportMetric(promptLen, "prompt-tokens")
 			if one > 0 {
@@ -106,57 +98,29 @@ func sharedPromptLoad(b *testing.B, c *Cluster, system string) []time.Duration {
 	conv := func(i int) []message {
 		return []message{{"system", system}, {"user", fmt.Sprintf("What happened on market day number %d?", i)}}
 	}
-	first, err := firstToken(b.Context(), c.Nodes[0], conv(0), sharedTokens)
-	if err != nil {
-		b.Fatal(err)
+	first := request(b.Context(), client, c.Nodes[0], conv(0), sharedTokens, true, time.Minute, nil)
+	if first.Kind != "ok" {
+		b.Fatalf("the first conversation: %s: %s", first.Kind, first.Error)
 	}
-	out := []time.Duration{first}
+	out := []time.Duration{first.TTFT}
 	time.Sleep(sharedPause) // the pattern's pause, not a synchronization
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for i := 1; i < sharedConversations; i++ {
 		wg.Go(func() {
-			d, err := firstToken(b.Context(), c.Nodes[i%len(c.Nodes)], conv(i), sharedTokens)
-			if err != nil {
-				b.Error(err)
+			r := request(b.Context(), client, c.Nodes[i%len(c.Nodes)], conv(i), sharedTokens, true, time.Minute, nil)
+			if r.Kind != "ok" {
+				b.Errorf("conversation %d: %s: %s", i, r.Kind, r.Error)
 				return
 			}
 			mu.Lock()
-			out = append(out, d)
+			out = append(out, r.TTFT)
 			mu.Unlock()
 		})
 		time.Sleep(sharedEvery)
 	}
 	wg.Wait()
 	return out
-}
-
-// firstToken streams a greedy chat answer to its end and returns the time to its first
-// content.
-func firstToken(ctx context.Context, n *Node, msgs []message, maxTokens int) (time.Duration, error) {
-	body, _ := json.Marshal(map[string]any{"messages": msgs, "max_tokens": maxTokens, "temperature": 0, "stream": true})
-	req, _ := http.NewRequestWithContext(ctx, "POST", n.URL()+"/v1/chat/completions", bytes.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	start := time.Now()
-	resp, err := client.Do(req)
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != 200 {
-		return 0, fmt.Errorf("%s: status %d", n.ID, resp.StatusCode)
-	}
-	var first time.Duration
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		if line := sc.Text(); first == 0 && strings.HasPrefix(line, "data: {") && strings.Contains(line, `"content"`) {
-			first = time.Since(start)
-		}
-	}
-	if first == 0 {
-		return 0, fmt.Errorf("%s: no content streamed", n.ID)
-	}
-	return first, sc.Err()
 }
 
 // tokenCount is text's tokens on n's model (POST /tokenize).

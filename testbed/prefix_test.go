@@ -27,22 +27,6 @@ func TestSharedPrefix(t *testing.T) {
 	conv := func(i int) []message {
 		return []message{{"system", system}, {"user", fmt.Sprintf("Tell me about her friend number %d.", i)}}
 	}
-	prefilled := func(nodes []*Node) float64 {
-		sum := 0.0
-		for _, n := range nodes {
-			for _, m := range []struct {
-				name string
-				sign float64
-			}{{"infernode_prompt_tokens_total", 1}, {"infernode_reused_prefix_tokens_total", -1}, {"infernode_shared_prefix_tokens_total", -1}} {
-				v, err := c.Metric(n, m.name)
-				if err != nil {
-					t.Fatal(err)
-				}
-				sum += m.sign * v
-			}
-		}
-		return sum
-	}
 	first := chat(t, c.Nodes[0].URL(), conv(0), 16)
 	if first.status != 200 {
 		t.Fatalf("first conversation: status %d", first.status)
@@ -80,9 +64,29 @@ func TestSharedPrefix(t *testing.T) {
 	if len(pulled) < 2 {
 		t.Fatalf("the conversations landed on %v only: none to share across nodes", pulled)
 	}
-	cluster, one := prefilled(c.Nodes), prefilled(ref.Nodes)
+	cluster, one := prefilledTokens(t, c, c.Nodes), prefilledTokens(t, c, ref.Nodes)
 	t.Logf("prompt tokens prefilled: %v in the cluster, %v on one node", cluster, one)
 	if cluster > 1.1*one {
 		t.Errorf("the cluster prefilled %v prompt tokens, one node %v: over 1.1x", cluster, one)
 	}
+}
+
+// prefilledTokens is the prompt tokens nodes prefilled, from their counters: prompt
+// tokens less those reused from a conversation's cache or shared from another's.
+func prefilledTokens(tb testing.TB, c *Cluster, nodes []*Node) float64 {
+	tb.Helper()
+	sum := 0.0
+	for _, n := range nodes {
+		for _, m := range []struct {
+			name string
+			sign float64
+		}{{"infernode_prompt_tokens_total", 1}, {"infernode_reused_prefix_tokens_total", -1}, {"infernode_shared_prefix_tokens_total", -1}} {
+			v, err := c.Metric(n, m.name)
+			if err != nil {
+				tb.Fatal(err)
+			}
+			sum += m.sign * v
+		}
+	}
+	return sum
 }

@@ -35,7 +35,6 @@ type fakeMembers struct {
 	raw     []gossip.Member // when set, what Members returns as it is (see setRaw)
 	tags    []byte
 	notes   map[string][]byte // by member name: the peers' notes (see Notes)
-	note    []byte            // this node's
 	changes chan struct{}
 }
 
@@ -63,12 +62,7 @@ func (f *fakeMembers) SetTags(tags []byte) error {
 	f.tags = tags
 	return nil
 }
-func (f *fakeMembers) SetNote(b []byte) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.note = b
-	return nil
-}
+func (f *fakeMembers) SetNote([]byte) error { return nil }
 func (f *fakeMembers) Notes() map[string][]byte {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -86,7 +86,7 @@ func (k quotaRing) Owner(model, key string) (quota.Peer, bool) {
 func (r *Router) ServeLocal(ctx context.Context, req infer.Request) (infer.Stream, error) {
 	return r.answers.Serve(req, func() (infer.Stream, error) {
 		r.kv.BeforeServe(ctx, req)
-		r.prefixElsewhere(ctx, req)
+		req = r.prefixElsewhere(ctx, req)
 		r.prefillElsewhere(ctx, req)
 		return r.local.Submit(ctx, req)
 	})

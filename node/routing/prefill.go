@@ -68,16 +68,8 @@ func (r *Router) prefillElsewhere(ctx context.Context, req infer.Request) {
 		r.prefills.WithLabelValues("recompute").Inc()
 		return
 	}
-	pre := prefillOnly(req)
 	start := r.clock.Now()
-	err := r.prefillAt(ctx, p, pre)
-	if err == nil {
-		var n int
-		n, err = r.kv.Fetch(ctx, kvmove.Peer{ID: p.id, Addr: p.addr, Minor: p.minor}, req.SessionID, infer.Prefilled)
-		if err == nil && n == 0 {
-			err = errors.New("the prefill node sent no KV (evicted, or cheaper to recompute)")
-		}
-	}
+	err := r.prefillAndPull(ctx, p, prefillOnly(req), infer.Prefilled)
 	if err != nil {
 		r.prefills.WithLabelValues("failed").Inc()
 		r.log.Warn("prefill elsewhere failed; prefilling here", "peer", p.id, "session", req.SessionID, "err", err)
@@ -87,19 +79,26 @@ func (r *Router) prefillElsewhere(ctx context.Context, req infer.Request) {
 	r.log.Debug("prefilled elsewhere", "peer", p.id, "session", req.SessionID, "tokens", tokens, "took", r.clock.Now().Sub(start))
 }
 
-// prefillAt runs a prefill-only request on peer p and waits for its end.
-func (r *Router) prefillAt(ctx context.Context, p candidate, pre infer.Request) error {
+// prefillAndPull has peer p run pre, a prefill-only request (see prefillOnly), waits for
+// its end, and pulls the KV p computed for pre's conversation, installing it as having
+// come as origin.
+func (r *Router) prefillAndPull(ctx context.Context, p candidate, pre infer.Request, origin infer.Origin) error {
 	st, err := r.forward(ctx, p, r.cfg.Model, pre)
 	if err != nil {
 		return err
 	}
 	for {
 		if _, err := st.Recv(); errors.Is(err, io.EOF) {
-			return nil
+			break
 		} else if err != nil {
 			return err
 		}
 	}
+	n, err := r.kv.Fetch(ctx, kvmove.Peer{ID: p.id, Addr: p.addr, Minor: p.minor}, pre.SessionID, origin)
+	if err == nil && n == 0 {
+		err = errors.New("the peer sent no KV (evicted, or cheaper to recompute)")
+	}
+	return err
 }
 
 // prefillOnly is req as a prefill-only request for a peer: its prompt's KV computed,

@@ -2,11 +2,9 @@ package routing
 
 import (
 	"context"
-	"errors"
 	"math/bits"
 	"time"
 
-	"github.com/infernode/infernode/node/kvmove"
 	"github.com/infernode/infernode/session/infer"
 )
 
@@ -56,11 +54,18 @@ func newDigest(hashes []uint64) digest {
 	d[0] = digestFormat
 	for _, h := range hashes {
 		for i := range digestProbes {
-			bit := (h >> (16 * i)) % digestBits
-			d[1+bit/8] |= 1 << (bit % 8)
+			byt, mask := probe(h, i)
+			d[byt] |= mask
 		}
 	}
 	return d
+}
+
+// probe is where a hash's i-th probe falls in a digest: a byte and a bit in it (the
+// hash's i-th 16 bits, modulo the filter's size).
+func probe(h uint64, i int) (int, byte) {
+	bit := (h >> (16 * i)) % digestBits
+	return 1 + int(bit/8), 1 << (bit % 8)
 }
 
 // valid reports whether d is a digest of this version's layout (a peer's note).
@@ -68,8 +73,7 @@ func (d digest) valid() bool { return len(d) == 1+digestBits/8 && d[0] == digest
 
 func (d digest) has(h uint64) bool {
 	for i := range digestProbes {
-		bit := (h >> (16 * i)) % digestBits
-		if d[1+bit/8]&(1<<(bit%8)) == 0 {
+		if byt, mask := probe(h, i); d[byt]&mask == 0 {
 			return false
 		}
 	}
@@ -127,14 +131,27 @@ func (r *Router) shareDigests(ctx context.Context) {
 
 // prefixElsewhere pulls req's prompt's beginning from a peer that holds more of it than
 // this node, when the costs say so (see above). Whatever happens, the turn is served here
-// after it.
-func (r *Router) prefixElsewhere(ctx context.Context, req infer.Request) {
+// after it: it returns req to serve, its prompt's tokens set once it has tokenized it, so
+// that the engine does not tokenize it again.
+func (r *Router) prefixElsewhere(ctx context.Context, req infer.Request) infer.Request {
 	if !r.cfg.SharePrefixes || r.cfg.Role == RolePrefill || req.SessionID == "" || req.PrefillOnly || req.PromptLogprobs ||
 		len(req.Continue) > 0 || len(req.Messages) > 0 || r.local.Holds(req.SessionID) {
-		return
+		return req
 	}
 	tokens, hashes, err := r.local.PromptPrefixes(req)
-	if err != nil || len(hashes) < minPulledBlocks {
+	if err != nil {
+		return req // the engine refuses it, as it says
+	}
+	r.pullPrefix(ctx, req, tokens, hashes)
+	req.Tokens = tokens
+	return req
+}
+
+// pullPrefix pulls the beginning of req's prompt, of tokens and block hashes, from the
+// peer whose digest shows the most of it, when that is more than this node holds and the
+// costs say so.
+func (r *Router) pullPrefix(ctx context.Context, req infer.Request, tokens []int32, hashes []uint64) {
+	if len(hashes) < minPulledBlocks {
 		return
 	}
 	here := 0
@@ -153,15 +170,7 @@ func (r *Router) prefixElsewhere(ctx context.Context, req infer.Request) {
 	pre := prefillOnly(req)
 	pre.Tokens = tokens[:n]
 	start := r.clock.Now()
-	err = r.prefillAt(ctx, p, pre)
-	if err == nil {
-		var got int
-		got, err = r.kv.Fetch(ctx, kvmove.Peer{ID: p.id, Addr: p.addr, Minor: p.minor}, req.SessionID, infer.Prefix)
-		if err == nil && got == 0 {
-			err = errors.New("the peer sent no KV (evicted, or cheaper to recompute)")
-		}
-	}
-	if err != nil {
+	if err := r.prefillAndPull(ctx, p, pre, infer.Prefix); err != nil {
 		r.prefixes.WithLabelValues("failed").Inc()
 		r.log.Warn("prefix pull failed; prefilling here", "peer", p.id, "session", req.SessionID, "err", err)
 		return
