@@ -238,20 +238,24 @@ func (c *Cluster) checkAffinity(rep *Report, s Scenario) {
 	// seconds after it recovered. Its conversations move at those two moments; one none of
 	// whose turns it served stays where it is.
 	flips := degradedFlips(rep.Rings)
-	settled := func(rs []Record) bool {
+	// unsettledBy names why a conversation is left out, or is "" when it is checked.
+	unsettledBy := func(rs []Record) string {
 		from, to := rs[0].Start, rs[len(rs)-1].End
 		for _, u := range unsettled {
 			if overlaps(from, to, u[0], u[1]) {
-				return false
+				return "rings changing"
 			}
 		}
 		for _, f := range flips {
 			served := slices.ContainsFunc(rs, func(r Record) bool { return r.Served == f.member })
 			if served && overlaps(from, to, f.from, f.to) {
-				return false
+				return "served by a member while it was degraded or restored"
 			}
 		}
-		return true
+		if faulted(rep.Windows, rs[0].Served, from, to) {
+			return "owner faulted"
+		}
+		return ""
 	}
 	byConv := map[int][]Record{}
 	for _, r := range rep.Records {
@@ -260,11 +264,13 @@ func (c *Cluster) checkAffinity(rep *Report, s Scenario) {
 		}
 	}
 	var bad []string
+	left := map[string]int{}
 	for conv, rs := range byConv {
 		if len(rs) < 2 {
 			continue
 		}
-		if !settled(rs) || faulted(rep.Windows, rs[0].Served, rs[0].Start, rs[len(rs)-1].End) {
+		if why := unsettledBy(rs); why != "" {
+			left[why]++
 			continue
 		}
 		rep.Affinity++
@@ -282,7 +288,7 @@ func (c *Cluster) checkAffinity(rep *Report, s Scenario) {
 	rep.AffinityBad = len(bad)
 	rep.Checks = append(rep.Checks, Check{Name: "conversations keep their owner while the rings are settled",
 		Pass:   len(bad) == 0 && rep.Affinity >= s.MinAffinity,
-		Detail: fmt.Sprintf("%d conversations checked (minimum %d), %d moved: %v", rep.Affinity, s.MinAffinity, len(bad), firstN(bad, 5))})
+		Detail: fmt.Sprintf("%d conversations checked (minimum %d), %d moved: %v; left out: %v", rep.Affinity, s.MinAffinity, len(bad), firstN(bad, 5), left)})
 }
 
 func firstN(s []string, n int) []string {

@@ -28,6 +28,9 @@ func TestPrefillElsewhere(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitPrefiller(t, c, decode, prefill)
+	if _, err := ref.WaitRings(t.Context(), ref.IDs(), 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
 	story := strings.Repeat("Once upon a time there was a little girl who liked to play in the park with her dog. ", 12)
 	conv := func(i int) []message {
 		return []message{{"system", fmt.Sprintf("Story %d. %s", i, story)}, {"user", "Tell me what happened next."}}

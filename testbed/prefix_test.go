@@ -23,6 +23,11 @@ func TestSharedPrefix(t *testing.T) {
 	model := testenv.SharedModel(t, "stories260K.gguf")
 	ref := launch(t, Config{Model: model, Nodes: 1})
 	c := launch(t, Config{Model: model, Nodes: 3, Args: []string{"--replicas", "0"}})
+	for _, c := range []*Cluster{ref, c} {
+		if _, err := c.WaitRings(t.Context(), c.IDs(), 30*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
 	system := strings.Repeat("Once upon a time there was a little girl who liked to play in the park with her dog. ", 8)
 	conv := func(i int) []message {
 		return []message{{"system", system}, {"user", fmt.Sprintf("Tell me about her friend number %d.", i)}}
