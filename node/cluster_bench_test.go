@@ -1,12 +1,16 @@
 package node
 
 import (
+	"bytes"
+	"crypto/sha256"
 	"io"
 	"net/http"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/infernode/infernode/node/hop"
 )
 
 const benchBody = `{"prompt":"hello","max_tokens":1}`
@@ -73,4 +77,41 @@ func BenchmarkRoutingCapacity(b *testing.B) {
 		}
 	})
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "req/s")
+}
+
+// BenchmarkPullAnswer measures a node answering a peer's KV pull on loopback: a 31 MB
+// frame from the fake engine's memory, hashed for the answer's signature, through the
+// signed pull hop, read whole and hashed by the asker as kvmove does (its import left
+// out). Its floor is the two hashes and a loopback copy (docs/BENCHMARKS.md).
+func BenchmarkPullAnswer(b *testing.B) {
+	nodes := startFakeCluster(b, 2, testSecret)
+	frame := make([]byte, 30<<20)
+	for i := range frame {
+		frame[i] = byte(i * 7)
+	}
+	nodes[1].engine.frame = frame
+	want := sha256.Sum256(frame)
+	auth := hop.NewAuth("n1", testSecret, nil, time.Now, 30*time.Second)
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1}}
+	buf := make([]byte, len(frame))
+	b.SetBytes(int64(len(frame)))
+	for b.Loop() {
+		body := []byte("conv-1")
+		req, _ := http.NewRequest("POST", nodes[1].url+hop.PullPath, bytes.NewReader(body))
+		auth.Sign(req.Header.Set, "POST", hop.PullPath, "n2", body)
+		resp, err := client.Do(req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if resp.StatusCode != http.StatusOK {
+			b.Fatalf("pull: status %d", resp.StatusCode)
+		}
+		if _, err := io.ReadFull(resp.Body, buf); err != nil {
+			b.Fatal(err)
+		}
+		resp.Body.Close()
+		if sha256.Sum256(buf) != want {
+			b.Fatal("the frame pulled is not the frame held")
+		}
+	}
 }

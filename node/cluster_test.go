@@ -1,6 +1,7 @@
 package node
 
 import (
+	"bytes"
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
@@ -29,6 +30,7 @@ import (
 type fakeEngine struct {
 	n        int
 	notReady bool
+	frame    []byte // what Snapshot gives for every conversation, when set
 	served   atomic.Int64
 	last     atomic.Pointer[infer.Request]
 }
@@ -54,9 +56,13 @@ func (*fakeEngine) Detokenize([]int32) (string, error)     { return "", nil }
 func (*fakeEngine) SeqCells() int                          { return 0 }
 func (f *fakeEngine) Ready() bool                          { return !f.notReady }
 
-// The fake engine caches nothing: KV hand-offs are tested with the real one.
-func (*fakeEngine) Snapshot(context.Context, string) (infer.Frame, error) {
-	return nil, infer.ErrNotCached
+// The fake engine caches nothing, unless given a frame to answer pulls with (to measure
+// the transfer alone): KV hand-offs are tested with the real one.
+func (f *fakeEngine) Snapshot(context.Context, string) (infer.Frame, error) {
+	if f.frame == nil {
+		return nil, infer.ErrNotCached
+	}
+	return memFrame(f.frame), nil
 }
 func (*fakeEngine) Import(context.Context, []byte, infer.Origin, string) (infer.Imported, error) {
 	return infer.Imported{}, infer.ErrFrame
@@ -68,6 +74,15 @@ func (*fakeEngine) Prefixes(context.Context, int) ([]uint64, error) { return nil
 func (*fakeEngine) PromptPrefixes(infer.Request) ([]int32, []uint64, error) {
 	return nil, nil, nil
 }
+
+// memFrame is a frame in memory, read from it as the engine's snapshots are.
+type memFrame []byte
+
+func (f memFrame) WriteTo(w io.Writer) (int64, error) { n, err := w.Write(f); return int64(n), err }
+func (f memFrame) Reader() io.Reader                  { return bytes.NewReader(f) }
+func (f memFrame) Len() int                           { return len(f) }
+func (f memFrame) Tokens() int                        { return len(f) / 1000 }
+func (f memFrame) Release()                           {}
 
 type fakeStream struct{ n, i int }
 

@@ -1,7 +1,6 @@
 package node
 
 import (
-	"bufio"
 	"errors"
 	"strconv"
 
@@ -67,11 +66,20 @@ func (s *Server) handlePull(ctx *fasthttp.RequestCtx) {
 	}
 	ctx.SetContentType("application/octet-stream")
 	ctx.Response.Header.Set(hop.HeaderFrameBytes, strconv.Itoa(frame.Len()))
-	ctx.SetBodyStreamWriter(func(w *bufio.Writer) {
-		defer frame.Release()
-		frame.WriteTo(w) // flushes, and counts the transfer
-	})
+	ctx.SetBodyStream(frameStream{frame}, frame.Len())
 }
+
+// frameStream is a pull's answer: fasthttp writes a body stream that is an io.WriterTo
+// with its WriteTo, straight from the frame's memory to the connection, and closes it
+// after. (A stream writer went through a pipe and chunks of 4 KB: 40-50 MB/s.)
+type frameStream struct{ infer.Frame }
+
+func (frameStream) Read([]byte) (int, error) { return 0, errFrameStream }
+
+// Close releases the frame once it is written, or was not.
+func (s frameStream) Close() error { s.Release(); return nil }
+
+var errFrameStream = errors.New("a KV frame is written with WriteTo, not read")
 
 // handleQuota serves a peer's lease of a rate-limit bucket kept here (see
 // quota.Quota.Serve).
