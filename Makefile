@@ -216,8 +216,10 @@ bench-shared-prompt: deps bench-model
 bench-break-even: deps bench-model
 	INFERNODE_BENCH_MODEL=$(CURDIR)/$(BENCH_MODEL) $(GO) test -run '^$$' -bench BreakEven -benchtime 1x -count $(COUNT) -timeout 60m ./testbed/
 
+# ROUNDS alternations of the servers; the wave targets are medians over at least 4.
+ROUNDS ?= 4
 bench-compare: build bench-model .build/ollama
-	$(BIN)/benchcompare --ollama .build/ollama --model $(BENCH_MODEL) --rounds 2
+	$(BIN)/benchcompare --ollama .build/ollama --model $(BENCH_MODEL) --rounds $(ROUNDS)
 
 # run: a local cluster of NODES nodes (HTTP 127.0.0.1:8081.., gossip 7947..), every node
 # joining through the first; Ctrl-C stops them all. MODELS=a.gguf,b.gguf makes a cluster

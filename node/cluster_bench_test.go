@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/infernode/infernode/internal/measure"
 	"github.com/infernode/infernode/node/hop"
 )
 
@@ -82,7 +83,7 @@ func BenchmarkRoutingCapacity(b *testing.B) {
 // BenchmarkPullAnswer measures a node answering a peer's KV pull on loopback: a 31 MB
 // frame from the fake engine's memory, hashed for the answer's signature, through the
 // signed pull hop, read whole and hashed by the asker as kvmove does (its import left
-// out). Its floor is the two hashes and a loopback copy (docs/BENCHMARKS.md).
+// out). Its floor, measured in the same run: the two hashes and a loopback copy.
 func BenchmarkPullAnswer(b *testing.B) {
 	nodes := startFakeCluster(b, 2, testSecret)
 	frame := make([]byte, 30<<20)
@@ -95,6 +96,7 @@ func BenchmarkPullAnswer(b *testing.B) {
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1}}
 	buf := make([]byte, len(frame))
 	b.SetBytes(int64(len(frame)))
+	start := time.Now()
 	for b.Loop() {
 		body := []byte("conv-1")
 		req, _ := http.NewRequest("POST", nodes[1].url+hop.PullPath, bytes.NewReader(body))
@@ -114,4 +116,12 @@ func BenchmarkPullAnswer(b *testing.B) {
 			b.Fatal("the frame pulled is not the frame held")
 		}
 	}
+	pull := time.Since(start) / time.Duration(b.N)
+	wire, err := measure.LoopbackTime(len(frame))
+	if err != nil {
+		b.Fatal(err)
+	}
+	floor := 2*measure.SHA256Time(len(frame)) + wire
+	b.ReportMetric(float64(floor.Microseconds())/1000, "floor-ms")
+	b.ReportMetric(float64(pull)/float64(floor), "x-floor")
 }

@@ -139,7 +139,8 @@ func TestReplicasEvictedFirst(t *testing.T) {
 
 // TestPrefillOrder: prompts go shortest first within what the prefill rate gets through
 // in the step's slice (1,280 tokens/s for 100ms: 128), a lone prompt takes the whole batch,
-// and one that waited prefillAge steps goes ahead of shorter ones.
+// one that waited prefillAge steps goes ahead of shorter ones, and a prompt after the
+// first starts only whole or with half the budget.
 func TestPrefillOrder(t *testing.T) {
 	type spec struct {
 		pending int
@@ -154,8 +155,12 @@ func TestPrefillOrder(t *testing.T) {
 		rate     float64  // measured prefill tokens/s; 0 means 1,280, -1 none measured
 		want     [][2]int // job index, tokens fed
 	}{
-		{name: "a burst: shortest first, 128 tokens a step", jobs: []spec{{50, 0, 0}, {40, 0, 0}, {45, 0, 0}, {200, 0, 0}},
-			want: [][2]int{{1, 40}, {2, 45}, {0, 43}}},
+		{name: "a burst: shortest first, 128 tokens a step, whole prompts", jobs: []spec{{50, 0, 0}, {40, 0, 0}, {45, 0, 0}, {200, 0, 0}},
+			want: [][2]int{{1, 40}, {2, 45}}},
+		{name: "a wave: one whole prompt a step, not a sliver of the next", jobs: []spec{{65, 0, 0}, {65, 0, 0}, {65, 0, 0}}, rate: 700,
+			want: [][2]int{{0, 65}}},
+		{name: "past a short prompt, a long one starts with half the budget", jobs: []spec{{900, 0, 0}, {20, 0, 0}},
+			want: [][2]int{{1, 20}, {0, 108}}},
 		{name: "a lone prompt uses the batch", jobs: []spec{{900, 0, 0}}, want: [][2]int{{0, 512}}},
 		{name: "beside decoding streams, the budget", jobs: []spec{{1, 0, 3}, {900, 0, 0}}, decoding: 1,
 			want: [][2]int{{1, 128}}},
@@ -165,10 +170,12 @@ func TestPrefillOrder(t *testing.T) {
 			want: [][2]int{{1, 60}, {2, 20}, {0, 30}}},
 		{name: "a slow engine still prefills something", jobs: []spec{{50, 0, 0}, {40, 0, 0}}, rate: 10,
 			want: [][2]int{{1, 16}}},
-		{name: "a fast one up to the batch", jobs: []spec{{400, 0, 0}, {300, 0, 0}}, rate: 1e6,
-			want: [][2]int{{1, 300}, {0, 212}}},
-		{name: "no rate measured yet: the batch", jobs: []spec{{400, 0, 0}, {300, 0, 0}}, rate: -1,
-			want: [][2]int{{1, 300}, {0, 212}}},
+		{name: "a fast one up to the batch", jobs: []spec{{1, 0, 3}, {900, 0, 0}}, decoding: 1, rate: 1e6,
+			want: [][2]int{{1, 511}}},
+		{name: "no rate measured yet: the batch", jobs: []spec{{1, 0, 3}, {900, 0, 0}}, decoding: 1, rate: -1,
+			want: [][2]int{{1, 511}}},
+		{name: "the batch holds whole prompts too", jobs: []spec{{400, 0, 0}, {300, 0, 0}}, rate: 1e6,
+			want: [][2]int{{1, 300}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := &Engine{cfg: Config{PrefillSlice: 100 * time.Millisecond}, tick: tc.tick, batch: NewBatch(512)}

@@ -1,12 +1,8 @@
 package testbed
 
 import (
-	"crypto/sha256"
 	"encoding/json"
 	"fmt"
-	"io"
-	"math"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -14,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/infernode/infernode/internal/measure"
 	"github.com/infernode/infernode/internal/poll"
 	"github.com/infernode/infernode/internal/testenv"
 	"github.com/infernode/infernode/netem"
@@ -354,10 +351,12 @@ func BenchmarkKVPush(b *testing.B) {
 					imported, _ = c.Metric(n, `infernode_kv_transfer_seconds_total{direction="received"}`)
 				}
 			}
-			hash := sha256Time(int(frame))
+			hash := measure.SHA256Time(int(frame))
 			wire := time.Duration(frame * 8 / float64(mbit) / 1e6 * float64(time.Second))
 			if mbit == 0 {
-				wire = loopbackTime(b, int(frame))
+				if wire, err = measure.LoopbackTime(int(frame)); err != nil {
+					b.Fatal(err)
+				}
 			}
 			floor := 2*hash + wire + time.Duration(imported/(pushes+1)*float64(time.Second))
 			b.ReportMetric(cold[2]*1000, "cold-push-ms")
@@ -375,55 +374,6 @@ func BenchmarkKVPush(b *testing.B) {
 			b.ReportMetric(pushes, "pushes")
 		})
 	}
-}
-
-// sha256Time is the best of three times to hash n bytes with SHA-256 here.
-func sha256Time(n int) time.Duration {
-	buf := make([]byte, n)
-	best := time.Duration(math.MaxInt64)
-	for range 3 {
-		start := time.Now()
-		sha256.Sum256(buf)
-		best = min(best, time.Since(start))
-	}
-	return best
-}
-
-// loopbackTime is the best of three times to send n bytes over a TCP connection on
-// loopback, from memory to memory (both buffers touched before).
-func loopbackTime(b *testing.B, n int) time.Duration {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer ln.Close()
-	src, dst := make([]byte, n), make([]byte, n)
-	best := time.Duration(math.MaxInt64)
-	for range 3 {
-		done := make(chan error, 1)
-		go func() {
-			c, err := ln.Accept()
-			if err == nil {
-				_, err = io.ReadFull(c, dst)
-				c.Close()
-			}
-			done <- err
-		}()
-		c, err := net.Dial("tcp", ln.Addr().String())
-		if err != nil {
-			b.Fatal(err)
-		}
-		start := time.Now()
-		if _, err := c.Write(src); err != nil {
-			b.Fatal(err)
-		}
-		if err := <-done; err != nil {
-			b.Fatal(err)
-		}
-		best = min(best, time.Since(start))
-		c.Close()
-	}
-	return best
 }
 
 // benchModel is INFERNODE_BENCH_MODEL when set (make bench-model), else the test model.

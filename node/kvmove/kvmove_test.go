@@ -360,3 +360,28 @@ func TestPullAnswerBound(t *testing.T) {
 		t.Errorf("the honest answer: installed %q", local.frames)
 	}
 }
+
+// TestPullTimeout: a pull gives up after pullTimeout, unless the prefill it saves is
+// longer: then it may take twice that (a long prompt's frame on a slow link).
+func TestPullTimeout(t *testing.T) {
+	defer func(d time.Duration) { pullTimeout = d }(pullTimeout)
+	pullTimeout = 50 * time.Millisecond
+	b := startPeer(t, "b")
+	b.answer = func(key, nonce string, w http.ResponseWriter) {
+		time.Sleep(200 * time.Millisecond) // a slow link
+		f := []byte("frame of " + key)
+		b.auth.SignAnswer(w.Header().Set, hop.PullPath, "a", nonce, sha256.Sum256(f))
+		w.Write(f)
+	}
+	local := &fakeLocal{}
+	m := newMover(t, &fakeRing{joined: time.Now()}, local, nil)
+	if n, err := m.Fetch(t.Context(), b.Peer, "short", infer.Prefix, 10*time.Millisecond); err == nil || n != 0 {
+		t.Errorf("a pull saving 10ms outlived its 50ms: %d bytes, err %v", n, err)
+	}
+	if n, err := m.Fetch(t.Context(), b.Peer, "long", infer.Prefix, time.Second); err != nil || n == 0 {
+		t.Errorf("a pull saving a second gave up: %d bytes, err %v", n, err)
+	}
+	if !slices.Equal(local.frames, []string{"frame of long"}) {
+		t.Errorf("installed %q, want the long one's frame only", local.frames)
+	}
+}

@@ -33,9 +33,10 @@ import (
 // what they hold.
 const PullWindow = 30 * time.Second
 
-// pullTimeout bounds a pull; the turn waits for it. The old owner sends the frame only
-// when it arrives sooner than the prefill it saves.
-const pullTimeout = 10 * time.Second
+// pullTimeout bounds a pull, unless the caller knows it saves a longer prefill (see
+// Fetch); the turn waits for it. The old owner sends the frame only when it arrives
+// sooner than the prefill it saves. (A variable for tests.)
+var pullTimeout = 10 * time.Second
 
 // maxPulled bounds a pulled frame (a push's bound is the receiving node's MaxKVBytes).
 const maxPulled = 256 << 20
@@ -48,7 +49,7 @@ func (m *Mover) BeforeServe(ctx context.Context, req infer.Request) {
 		return
 	}
 	for _, from := range m.previousOwners(req) {
-		if n, err := m.Fetch(ctx, from, req.SessionID, infer.Pulled); n > 0 && err == nil {
+		if n, err := m.Fetch(ctx, from, req.SessionID, infer.Pulled, 0); n > 0 && err == nil {
 			return
 		}
 	}
@@ -90,9 +91,13 @@ func (m *Mover) previousOwners(req infer.Request) []Peer {
 
 // Fetch asks from for key's KV frame and installs it, as having come as origin says; it
 // returns the frame's size (0: nothing was sent: not held there, or cheaper to
-// recompute).
-func (m *Mover) Fetch(ctx context.Context, from Peer, key string, origin infer.Origin) (int, error) {
+// recompute). It gives up after pullTimeout, or twice saves when longer: the prefill the
+// frame saves, as far as the caller knows (a long prompt's frame on a slow link takes
+// longer than pullTimeout and still arrives well before its prefill would end).
+func (m *Mover) Fetch(ctx context.Context, from Peer, key string, origin infer.Origin, saves time.Duration) (int, error) {
 	start := m.now()
+	ctx, cancel := context.WithTimeout(ctx, max(pullTimeout, 2*saves))
+	defer cancel()
 	n, err := m.pull(ctx, from, key, origin)
 	took := m.now().Sub(start)
 	if n > 0 || err != nil {
@@ -106,8 +111,6 @@ func (m *Mover) Fetch(ctx context.Context, from Peer, key string, origin infer.O
 }
 
 func (m *Mover) pull(ctx context.Context, from Peer, key string, origin infer.Origin) (int, error) {
-	ctx, cancel := context.WithTimeout(ctx, pullTimeout)
-	defer cancel()
 	body := []byte(key)
 	req, err := http.NewRequestWithContext(ctx, "POST", hop.URL(from.Addr, hop.PullPath), bytes.NewReader(body))
 	if err != nil {

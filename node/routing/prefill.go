@@ -64,12 +64,16 @@ func (r *Router) prefillElsewhere(ctx context.Context, req infer.Request) {
 	// A node of role both counts the peer's prefill too, and prefills itself until it
 	// knows its own rate; a decode node keeps prefill off its decoding streams, and sends
 	// it away even before it knows the costs (the first pulls measure them).
-	if beats, known := r.pullBeatsPrefill(p, tokens, r.cfg.Role == RoleBoth); !beats || !known && r.cfg.Role != RoleDecode {
+	peerPrefills := 0
+	if r.cfg.Role == RoleBoth {
+		peerPrefills = tokens
+	}
+	if beats, known := r.pullBeatsPrefill(p, tokens, peerPrefills, tokens); !beats || !known && r.cfg.Role != RoleDecode {
 		r.prefills.WithLabelValues("recompute").Inc()
 		return
 	}
 	start := r.clock.Now()
-	err := r.prefillAndPull(ctx, p, prefillOnly(req), infer.Prefilled)
+	err := r.prefillAndPull(ctx, p, prefillOnly(req), infer.Prefilled, tokens)
 	if err != nil {
 		r.prefills.WithLabelValues("failed").Inc()
 		r.log.Warn("prefill elsewhere failed; prefilling here", "peer", p.id, "session", req.SessionID, "err", err)
@@ -81,8 +85,8 @@ func (r *Router) prefillElsewhere(ctx context.Context, req infer.Request) {
 
 // prefillAndPull has peer p run pre, a prefill-only request (see prefillOnly), waits for
 // its end, and pulls the KV p computed for pre's conversation, installing it as having
-// come as origin.
-func (r *Router) prefillAndPull(ctx context.Context, p candidate, pre infer.Request, origin infer.Origin) error {
+// come as origin; the pull saves this node prefilling saved tokens (and may take as long).
+func (r *Router) prefillAndPull(ctx context.Context, p candidate, pre infer.Request, origin infer.Origin, saved int) error {
 	st, err := r.forward(ctx, p, r.cfg.Model, pre)
 	if err != nil {
 		return err
@@ -94,7 +98,7 @@ func (r *Router) prefillAndPull(ctx context.Context, p candidate, pre infer.Requ
 			return err
 		}
 	}
-	n, err := r.kv.Fetch(ctx, kvmove.Peer{ID: p.id, Addr: p.addr, Minor: p.minor}, pre.SessionID, origin)
+	n, err := r.kv.Fetch(ctx, kvmove.Peer{ID: p.id, Addr: p.addr, Minor: p.minor}, pre.SessionID, origin, r.prefillTime(saved))
 	if err == nil && n == 0 {
 		err = errors.New("the peer sent no KV (evicted, or cheaper to recompute)")
 	}
@@ -110,21 +114,32 @@ func prefillOnly(req infer.Request) infer.Request {
 	return pre
 }
 
-// pullBeatsPrefill compares, for tokens of a prompt, pulling their KV from peer p (and,
-// when peerPrefills, p's prefill of them at the rate it gossips) with this node's own
-// prefill of them at its recent rate. Costs it cannot estimate yet count as nothing;
-// known is false when this node's own rate is not known yet.
-func (r *Router) pullBeatsPrefill(p candidate, tokens int, peerPrefills bool) (beats, known bool) {
+// pullBeatsPrefill compares pulling the KV of moved tokens from peer p, after p has
+// prefilled peerPrefills of them at the rate it gossips, with this node's own prefill of
+// the saved tokens it would otherwise prefill, at its recent rate. Costs it cannot
+// estimate yet count as nothing; known is false when this node's own rate is not known
+// yet.
+func (r *Router) pullBeatsPrefill(p candidate, moved, peerPrefills, saved int) (beats, known bool) {
 	rtt := time.Duration(r.v.speed.of(p.id).ProbeMS * float64(time.Millisecond))
-	remote := 2*rtt + r.kv.TransferTime(p.id, tokens)
-	if peerPrefills && p.prefill > 0 {
-		remote += time.Duration(float64(tokens) / p.prefill * float64(time.Second))
+	remote := 2*rtt + r.kv.TransferTime(p.id, moved)
+	if peerPrefills > 0 && p.prefill > 0 {
+		remote += time.Duration(float64(peerPrefills) / p.prefill * float64(time.Second))
 	}
-	rate := r.local.Stats().PrefillRate
-	if rate <= 0 {
+	local := r.prefillTime(saved)
+	if local == 0 {
 		return true, false
 	}
-	return remote < time.Duration(float64(tokens)/rate*float64(time.Second)), true
+	return remote < local, true
+}
+
+// prefillTime is how long this node would take to prefill tokens at its recent rate (0
+// while it has none).
+func (r *Router) prefillTime(tokens int) time.Duration {
+	rate := r.local.Stats().PrefillRate
+	if rate <= 0 {
+		return 0
+	}
+	return time.Duration(float64(tokens) / rate * float64(time.Second))
 }
 
 // prefillers are the prefill nodes that could take a prompt now: of this node's model,

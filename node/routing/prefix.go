@@ -162,15 +162,18 @@ func (r *Router) pullPrefix(ctx context.Context, req infer.Request, tokens []int
 	if blocks < minPulledBlocks || blocks <= here {
 		return
 	}
+	// The pull carries all n tokens, after the peer prefilled those past the blocks it
+	// holds, and saves this node those past the blocks it holds.
 	n := min(len(tokens)-1, (blocks+1)*infer.PrefixBlock)
-	if beats, known := r.pullBeatsPrefill(p, n-here*infer.PrefixBlock, false); known && !beats {
+	saved := n - here*infer.PrefixBlock
+	if beats, known := r.pullBeatsPrefill(p, n, max(0, n-blocks*infer.PrefixBlock), saved); known && !beats {
 		r.prefixes.WithLabelValues("recompute").Inc()
 		return
 	}
 	pre := prefillOnly(req)
 	pre.Tokens = tokens[:n]
 	start := r.clock.Now()
-	if err := r.prefillAndPull(ctx, p, pre, infer.Prefix); err != nil {
+	if err := r.prefillAndPull(ctx, p, pre, infer.Prefix, saved); err != nil {
 		r.prefixes.WithLabelValues("failed").Inc()
 		r.log.Warn("prefix pull failed; prefilling here", "peer", p.id, "session", req.SessionID, "err", err)
 		return
