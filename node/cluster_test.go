@@ -113,6 +113,11 @@ var testSecret = []byte("0123456789abcdef0123456789abcdef")
 // startFakeCluster runs n in-process nodes (real gossip, real HTTP on loopback, real
 // routers) with fake engines until the test ends. A nil secret runs them insecure.
 func startFakeCluster(t testing.TB, n int, secret []byte) []fakeNode {
+	return startFakeClusterWith(t, n, secret, nil)
+}
+
+// startFakeClusterWith is startFakeCluster with every node's Config edited by edit.
+func startFakeClusterWith(t testing.TB, n int, secret []byte, edit func(*Config)) []fakeNode {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -144,6 +149,9 @@ func startFakeCluster(t testing.TB, n int, secret []byte) []fakeNode {
 		}
 		nc := DefaultConfig()
 		nc.ID, nc.ModelName, nc.Listener, nc.Logger, nc.MaxStreams, nc.MaxTokens = id, "fake", ln, log, 4096, 64
+		if edit != nil {
+			edit(&nc)
+		}
 		srv, err := New(nc, engine, router)
 		if err != nil {
 			t.Fatal(err)

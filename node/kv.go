@@ -3,6 +3,7 @@ package node
 import (
 	"errors"
 	"strconv"
+	"time"
 
 	"github.com/valyala/fasthttp"
 
@@ -66,8 +67,15 @@ func (s *Server) handlePull(ctx *fasthttp.RequestCtx) {
 	}
 	ctx.SetContentType("application/octet-stream")
 	ctx.Response.Header.Set(hop.HeaderFrameBytes, strconv.Itoa(frame.Len()))
+	// A frame may take longer to send than WriteTimeout allows an answer: as long as it
+	// takes at minKVRate, beyond it. (The puller bounds its wait by the prefill it saves.)
+	ctx.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout + time.Duration(float64(frame.Len())/minKVRate*float64(time.Second))))
 	ctx.SetBodyStream(frameStream{frame}, frame.Len())
 }
+
+// minKVRate is the slowest link a KV frame is sent over before the sender gives up, in
+// bytes a second (10 Mbit/s).
+const minKVRate = 10e6 / 8
 
 // frameStream is a pull's answer: fasthttp writes a body stream that is an io.WriterTo
 // with its WriteTo, straight from the frame's memory to the connection, and closes it

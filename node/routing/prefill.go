@@ -98,7 +98,11 @@ func (r *Router) prefillAndPull(ctx context.Context, p candidate, pre infer.Requ
 			return err
 		}
 	}
-	n, err := r.kv.Fetch(ctx, kvmove.Peer{ID: p.id, Addr: p.addr, Minor: p.minor}, pre.SessionID, origin, r.prefillTime(saved))
+	saves := r.prefillTime(saved)
+	if saves == 0 && p.prefill > 0 { // this node has prefilled nothing yet: the peer's rate, same model
+		saves = time.Duration(float64(saved) / p.prefill * float64(time.Second))
+	}
+	n, err := r.kv.Fetch(ctx, kvmove.Peer{ID: p.id, Addr: p.addr, Minor: p.minor}, pre.SessionID, origin, saves)
 	if err == nil && n == 0 {
 		err = errors.New("the peer sent no KV (evicted, or cheaper to recompute)")
 	}

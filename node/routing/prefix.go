@@ -216,7 +216,8 @@ func (v *view) prefixHolder(hashes []uint64) (candidate, int) {
 			v.degraded[id] || (m.Meta.QueueCap > 0 && m.Meta.Waiting >= m.Meta.QueueCap) || m.Meta.HopMinor < 7 {
 			continue
 		}
-		c := candidate{id: id, addr: m.Meta.HTTPAddr, load: m.Meta.Running + m.Meta.Waiting, minor: m.Meta.HopMinor}
+		c := candidate{id: id, addr: m.Meta.HTTPAddr, load: m.Meta.Running + m.Meta.Waiting, minor: m.Meta.HopMinor,
+			prefill: float64(m.Meta.Prefill)}
 		if k := d.blocks(hashes); k > most || (k == most && k > 0 && c.load < best.load) {
 			best, most = c, k
 		}
