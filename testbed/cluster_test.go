@@ -79,6 +79,10 @@ type answer struct {
 
 var client = &http.Client{Timeout: 60 * time.Second}
 
+// patient is the client of benchmarks whose requests may wait minutes: an 8,000-token
+// prefill, a burst of long prompts queued behind each other.
+var patient = &http.Client{Timeout: 10 * time.Minute}
+
 func chat(t testing.TB, url string, msgs []message, maxTokens int) answer {
 	t.Helper()
 	return chatWith(t, url, map[string]any{"messages": msgs, "max_tokens": maxTokens, "temperature": 0})
@@ -101,8 +105,14 @@ func postChat(t testing.TB, url, key, body string) int {
 // chatWith sends a chat completion with any body and reads what the tests look at.
 func chatWith(t testing.TB, url string, req map[string]any) answer {
 	t.Helper()
+	return chatVia(t, client, url, req)
+}
+
+// chatVia is chatWith through c.
+func chatVia(t testing.TB, c *http.Client, url string, req map[string]any) answer {
+	t.Helper()
 	body, _ := json.Marshal(req)
-	resp, err := client.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(string(body)))
+	resp, err := c.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(string(body)))
 	if err != nil {
 		t.Errorf("chat: %v", err)
 		return answer{}

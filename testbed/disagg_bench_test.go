@@ -135,7 +135,7 @@ func disaggLoad(b *testing.B, c *Cluster, entries []*Node, streams, words int, l
 				sb.WriteString(" " + vocab[(w*7+i*13+w*w)%len(vocab)])
 			}
 			start := time.Now()
-			a := chatWith(b, entries[i%len(entries)].URL(), map[string]any{"messages": []message{{"user", sb.String()}}, "max_tokens": 1, "temperature": 0})
+			a := chatVia(b, patient, entries[i%len(entries)].URL(), map[string]any{"messages": []message{{"user", sb.String()}}, "max_tokens": 1, "temperature": 0})
 			if a.status == 200 {
 				mu.Lock()
 				ttft = append(ttft, time.Since(start))
