@@ -1,7 +1,6 @@
 package node
 
 import (
-	"bytes"
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
@@ -75,11 +74,10 @@ func (*fakeEngine) PromptPrefixes(infer.Request) ([]int32, []uint64, error) {
 	return nil, nil, nil
 }
 
-// memFrame is a frame in memory, read from it as the engine's snapshots are.
+// memFrame is a frame in memory.
 type memFrame []byte
 
 func (f memFrame) WriteTo(w io.Writer) (int64, error) { n, err := w.Write(f); return int64(n), err }
-func (f memFrame) Reader() io.Reader                  { return bytes.NewReader(f) }
 func (f memFrame) Len() int                           { return len(f) }
 func (f memFrame) Tokens() int                        { return len(f) / 1000 }
 func (f memFrame) Release()                           {}

@@ -22,9 +22,9 @@ import (
 // transfer, measured, from the pulling node's counters). Predicted with what a node
 // knows: the frame at the link's rate plus two round trips against the prompt at the
 // prefill rate the first node gossips; a node transfers when the transfer is 1.25 times
-// sooner (kvmove's margin). A pull gives up after 10 s (kvmove's pullTimeout), so the
-// slowest cells report the bound. Root only (namespaces). The model is
-// INFERNODE_BENCH_MODEL (make bench-break-even).
+// sooner (kvmove's margin). A pull gives up after twice the prefill it saves, at least
+// 10 s (kvmove's Fetch). Root only (namespaces). The model is INFERNODE_BENCH_MODEL (make
+// bench-break-even).
 func BenchmarkBreakEven(b *testing.B) {
 	if err := netem.Available(); err != nil {
 		b.Skipf("needs network namespaces (root): %v", err)
