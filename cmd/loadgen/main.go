@@ -65,6 +65,7 @@ func main() {
 	sloTTFT := flag.Duration("slo-ttft", time.Second, "open loop: the first-token target")
 	sloTPOT := flag.Duration("slo-tpot", 100*time.Millisecond, "open loop: the target time per output token after the first")
 	sessionHeader := flag.String("session-header", "X-Session-ID", "open loop: the header carrying each conversation's id (empty: none)")
+	sloScales := flag.String("slo-scales", "", "open loop: comma-separated factors to measure attainment and goodput at besides the SLO (2: both targets doubled)")
 	flag.Parse()
 
 	client := &http.Client{Timeout: 10 * time.Minute}
@@ -78,6 +79,18 @@ func main() {
 	}
 	t := target{url: *url, key: *apiKey, model: *model, temperature: *temperature, sessionHeader: *sessionHeader}
 	if *rates != "" {
+		var scales []float64
+		for f := range strings.SplitSeq(*sloScales, ",") {
+			if f = strings.TrimSpace(f); f == "" {
+				continue
+			}
+			sc, err := strconv.ParseFloat(f, 64)
+			if err != nil || sc <= 0 {
+				fmt.Fprintf(os.Stderr, "loadgen: bad SLO scale %q\n", f)
+				os.Exit(2)
+			}
+			scales = append(scales, sc)
+		}
 		var out []openLevel
 		for _, f := range strings.Split(*rates, ",") {
 			r, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
@@ -85,7 +98,7 @@ func main() {
 				fmt.Fprintf(os.Stderr, "loadgen: bad rate %q\n", f)
 				os.Exit(2)
 			}
-			out = append(out, openRun(context.Background(), client, t, r, *duration, *seed, *sloTTFT, *sloTPOT))
+			out = append(out, openRun(context.Background(), client, t, r, *duration, *seed, *sloTTFT, *sloTPOT, scales))
 		}
 		if *asJSON {
 			json.NewEncoder(os.Stdout).Encode(out)
@@ -94,8 +107,12 @@ func main() {
 		fmt.Printf("SLO: first token within %v, then %v a token; seed %d, %v a rate\n", *sloTTFT, *sloTPOT, *seed, *duration)
 		fmt.Printf("%-8s %8s %8s %7s %10s %10s %10s %10s %10s %8s\n", "rate", "achieved", "requests", "failed", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "attained", "goodput")
 		for _, l := range out {
-			fmt.Printf("%-8g %8.2f %8d %7d %8.1fms %8.1fms %8.2fms %8.2fms %9.0f%% %8.2f\n", l.Rate, l.Achieved, l.Requests, l.Failed,
+			fmt.Printf("%-8g %8.2f %8d %7d %8.1fms %8.1fms %8.2fms %8.2fms %9.0f%% %8.2f", l.Rate, l.Achieved, l.Requests, l.Failed,
 				l.TTFTp50ms, l.TTFTp99ms, l.TPOTp50ms, l.TPOTp99ms, 100*l.Attainment, l.Goodput)
+			for _, sc := range l.Scaled {
+				fmt.Printf("   at %gx: %.0f%%, %.2f", sc.Scale, 100*sc.Attainment, sc.Goodput)
+			}
+			fmt.Println()
 		}
 		return
 	}

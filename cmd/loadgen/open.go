@@ -43,17 +43,25 @@ const (
 
 // openLevel is one rate's outcome.
 type openLevel struct {
-	Rate       float64 `json:"rate"`          // requests a second asked for
-	Achieved   float64 `json:"achieved_rate"` // requests sent a second
-	Requests   int     `json:"requests"`
-	Failed     int     `json:"failed"`
-	TTFTp50ms  float64 `json:"ttft_p50_ms"`
-	TTFTp99ms  float64 `json:"ttft_p99_ms"`
-	TPOTp50ms  float64 `json:"tpot_p50_ms"`
-	TPOTp99ms  float64 `json:"tpot_p99_ms"`
-	ITLp99ms   float64 `json:"itl_p99_ms"`
-	Attainment float64 `json:"slo_attainment"` // share of requests meeting both targets
-	Goodput    float64 `json:"goodput"`        // requests meeting both a second
+	Rate       float64  `json:"rate"`          // requests a second asked for
+	Achieved   float64  `json:"achieved_rate"` // requests sent a second
+	Requests   int      `json:"requests"`
+	Failed     int      `json:"failed"`
+	TTFTp50ms  float64  `json:"ttft_p50_ms"`
+	TTFTp99ms  float64  `json:"ttft_p99_ms"`
+	TPOTp50ms  float64  `json:"tpot_p50_ms"`
+	TPOTp99ms  float64  `json:"tpot_p99_ms"`
+	ITLp99ms   float64  `json:"itl_p99_ms"`
+	Attainment float64  `json:"slo_attainment"` // share of requests meeting both targets
+	Goodput    float64  `json:"goodput"`        // requests meeting both a second
+	Scaled     []scaled `json:"scaled,omitempty"`
+}
+
+// scaled is a run measured against its SLO's targets times Scale (both of them).
+type scaled struct {
+	Scale      float64 `json:"scale"`
+	Attainment float64 `json:"slo_attainment"`
+	Goodput    float64 `json:"goodput"`
 }
 
 // turn is one request of a conversation as the workload planned it.
@@ -108,7 +116,7 @@ func message(rng *rand.Rand, words int) string {
 // openRun sends rate's workload for duration and measures it against the SLO. Follow-ups
 // still due at the end are not sent; requests in flight are waited for.
 func openRun(ctx context.Context, client *http.Client, t target, rate float64, duration time.Duration, seed uint64,
-	sloTTFT, sloTPOT time.Duration) openLevel {
+	sloTTFT, sloTPOT time.Duration, scales []float64) openLevel {
 	convs := plan(rate, duration, seed)
 	start := time.Now()
 	var mu sync.Mutex
@@ -141,7 +149,7 @@ func openRun(ctx context.Context, client *http.Client, t target, rate float64, d
 		})
 	}
 	wg.Wait()
-	return summarizeOpen(rate, results, duration, sloTTFT, sloTPOT)
+	return summarizeOpen(rate, results, duration, sloTTFT, sloTPOT, scales)
 }
 
 // sleepUntil waits until t or ctx's end, and reports whether t came.
@@ -164,10 +172,11 @@ func (r result) tpot() time.Duration {
 	return r.end.Sub(r.first) / time.Duration(r.tokens-1)
 }
 
-func summarizeOpen(rate float64, rs []result, duration, sloTTFT, sloTPOT time.Duration) openLevel {
+// summarizeOpen measures a run's results against the SLO, and against it times each of
+// scales.
+func summarizeOpen(rate float64, rs []result, duration, sloTTFT, sloTPOT time.Duration, scales []float64) openLevel {
 	l := openLevel{Rate: rate, Requests: len(rs), Achieved: float64(len(rs)) / duration.Seconds()}
 	var ttft, tpot, gaps []time.Duration
-	met := 0
 	for _, r := range rs {
 		if r.err != nil || r.first.IsZero() {
 			l.Failed++
@@ -176,17 +185,28 @@ func summarizeOpen(rate float64, rs []result, duration, sloTTFT, sloTPOT time.Du
 		ttft = append(ttft, r.first.Sub(r.start))
 		tpot = append(tpot, r.tpot())
 		gaps = append(gaps, r.gaps...)
-		if r.first.Sub(r.start) <= sloTTFT && r.tpot() <= sloTPOT {
-			met++
-		}
 	}
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	l.TTFTp50ms, l.TTFTp99ms = ms(measure.Percentile(ttft, 50)), ms(measure.Percentile(ttft, 99))
 	l.TPOTp50ms, l.TPOTp99ms = ms(measure.Percentile(tpot, 50)), ms(measure.Percentile(tpot, 99))
 	l.ITLp99ms = ms(measure.Percentile(gaps, 99))
-	if len(rs) > 0 {
-		l.Attainment = float64(met) / float64(len(rs))
+	attain := func(scale float64) scaled {
+		met := 0
+		for i := range ttft { // failed requests meet nothing
+			if ttft[i] <= time.Duration(scale*float64(sloTTFT)) && tpot[i] <= time.Duration(scale*float64(sloTPOT)) {
+				met++
+			}
+		}
+		sc := scaled{Scale: scale, Goodput: float64(met) / duration.Seconds()}
+		if len(rs) > 0 {
+			sc.Attainment = float64(met) / float64(len(rs))
+		}
+		return sc
 	}
-	l.Goodput = float64(met) / duration.Seconds()
+	one := attain(1)
+	l.Attainment, l.Goodput = one.Attainment, one.Goodput
+	for _, s := range scales {
+		l.Scaled = append(l.Scaled, attain(s))
+	}
 	return l
 }

@@ -70,7 +70,7 @@ func TestOpenRun(t *testing.T) {
 	}))
 	defer srv.Close()
 	tg := target{url: srv.URL, model: "m", sessionHeader: "X-Session-ID"}
-	loose := openRun(context.Background(), srv.Client(), tg, 20, 3*time.Second, 1, time.Second, 50*time.Millisecond)
+	loose := openRun(context.Background(), srv.Client(), tg, 20, 3*time.Second, 1, time.Second, 50*time.Millisecond, nil)
 	grew := 0
 	for s, counts := range history {
 		if s == "" {
@@ -89,10 +89,31 @@ func TestOpenRun(t *testing.T) {
 	if grew == 0 {
 		t.Error("no follow-up was sent")
 	}
-	tight := openRun(context.Background(), srv.Client(), tg, 20, 3*time.Second, 1, 10*time.Millisecond, 50*time.Millisecond)
+	tight := openRun(context.Background(), srv.Client(), tg, 20, 3*time.Second, 1, 10*time.Millisecond, 50*time.Millisecond, nil)
 	// The same workload, give or take a follow-up whose think time ends by the deadline in
 	// one run and not in the other.
 	if tight.Attainment != 0 || tight.Goodput != 0 || tight.Requests < loose.Requests*9/10 {
 		t.Errorf("a 10 ms first-token target against a 20 ms server: %+v (%d requests, %d in the first run)", tight, tight.Requests, loose.Requests)
+	}
+}
+
+// TestSLOScales: attainment and goodput at multiples of the SLO count the requests
+// meeting both targets so multiplied; a failed request meets none.
+func TestSLOScales(t *testing.T) {
+	at := time.Unix(0, 0)
+	req := func(ttft, tpot time.Duration) result {
+		return result{start: at, first: at.Add(ttft), end: at.Add(ttft + 4*tpot), tokens: 5}
+	}
+	rs := []result{
+		req(15*time.Millisecond, 5*time.Millisecond), // meets 2x and 4x
+		req(30*time.Millisecond, 5*time.Millisecond), // meets 4x
+		req(5*time.Millisecond, 30*time.Millisecond), // its time per token meets 4x only
+		req(60*time.Millisecond, 5*time.Millisecond), // meets none
+		{start: at, err: fmt.Errorf("refused")},      // failed
+	}
+	l := summarizeOpen(1, rs, 10*time.Second, 10*time.Millisecond, 10*time.Millisecond, []float64{2, 4})
+	want := []scaled{{Scale: 2, Attainment: 0.2, Goodput: 0.1}, {Scale: 4, Attainment: 0.6, Goodput: 0.3}}
+	if l.Attainment != 0 || l.Goodput != 0 || !slices.Equal(l.Scaled, want) || l.Failed != 1 {
+		t.Errorf("got attainment %v goodput %v scaled %+v failed %d; want 0, 0, %+v, 1", l.Attainment, l.Goodput, l.Scaled, l.Failed, want)
 	}
 }
