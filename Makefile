@@ -45,7 +45,7 @@ APT_PACKAGES := nlohmann-json3-dev libstb-dev nftables iproute2 iptables
 TEST_APT_PACKAGES := chromium
 MALGO        := github.com/gen2brain/malgo@v0.11.24
 
-.PHONY: bench-disagg bench-shared-prompt bench-break-even all deps test-deps flags build fuzz bench-portable bench-quant model bench-model test race lint tidy-check bench bench-http bench-cluster bench-overhead bench-compare run chaos autoscale chaos-cleanup chaos-mutants upgrade-check check-clients clean
+.PHONY: bench-goodput bench-disagg bench-shared-prompt bench-break-even all deps test-deps flags build fuzz bench-portable bench-quant model bench-model test race lint tidy-check bench bench-http bench-cluster bench-overhead bench-compare run chaos autoscale chaos-cleanup chaos-mutants upgrade-check check-clients clean
 
 all: build
 
@@ -220,6 +220,16 @@ bench-break-even: deps bench-model
 ROUNDS ?= 4
 bench-compare: build bench-model .build/ollama
 	$(BIN)/benchcompare --ollama .build/ollama --model $(BENCH_MODEL) --rounds $(ROUNDS)
+
+# bench-goodput: bench-compare's goodput mode: open-loop load swept over RATES (each for
+# RATE_DURATION) against both servers, SLOs from llama.cpp alone (BenchmarkRawFirstToken)
+# at 1x, 2x and 4x, goodput at 90% attainment.
+RATES ?= 0.25,0.5,1,1.5,2,3
+RATE_DURATION ?= 60s
+bench-goodput: build bench-model .build/ollama
+	$(GO) test -c -o .build/llama.test ./session/llama
+	$(BIN)/benchcompare --ollama .build/ollama --model $(BENCH_MODEL) --rounds $(or $(GOODPUT_ROUNDS),2) \
+		--goodput .build/llama.test --rates $(RATES) --rate-duration $(RATE_DURATION)
 
 # run: a local cluster of NODES nodes (HTTP 127.0.0.1:8081.., gossip 7947..), every node
 # joining through the first; Ctrl-C stops them all. MODELS=a.gguf,b.gguf makes a cluster

@@ -37,14 +37,18 @@ func main() {
 	parallel := flag.Int("parallel", 8, "sequences each server runs at once (ollama: OLLAMA_NUM_PARALLEL)")
 	extra := flag.String("infernode-args", "", "more infernode flags, space-separated (to compare settings)")
 	temperature := flag.Float64("temperature", 0, "sampling temperature of every request (0: greedy)")
+	var g goodputConfig
+	flag.StringVar(&g.raw, "goodput", "", "goodput mode: the session/llama test binary (go test -c) whose BenchmarkRawFirstToken sets the SLOs; open-loop load instead of waves")
+	flag.StringVar(&g.rates, "rates", "0.25,0.5,1,1.5,2,3", "goodput mode: the request rates swept")
+	flag.DurationVar(&g.duration, "rate-duration", 60*time.Second, "goodput mode: how long each rate runs")
 	flag.Parse()
-	if err := run(*infernode, *ollama, *loadgen, *model, *rounds, *parallel, *temperature, strings.Fields(*extra)); err != nil {
+	if err := run(*infernode, *ollama, *loadgen, *model, *rounds, *parallel, *temperature, strings.Fields(*extra), g); err != nil {
 		fmt.Fprintln(os.Stderr, "benchcompare:", err)
 		os.Exit(1)
 	}
 }
 
-func run(infernodeBin, ollamaBin, loadgen, model string, rounds, parallel int, temperature float64, extra []string) error {
+func run(infernodeBin, ollamaBin, loadgen, model string, rounds, parallel int, temperature float64, extra []string, g goodputConfig) error {
 	model, err := filepath.Abs(model)
 	if err != nil {
 		return err
@@ -96,6 +100,9 @@ func run(infernodeBin, ollamaBin, loadgen, model string, rounds, parallel int, t
 		if _, err := loadRun(loadgen, s, temperature, 1, 1, 64); err != nil {
 			return fmt.Errorf("warm-up of %s: %w", s.name, err)
 		}
+	}
+	if g.raw != "" {
+		return runGoodput(g, loadgen, model, rounds, temperature, inf, oll)
 	}
 	for r := range rounds {
 		for _, s := range []*server{inf, oll} {

@@ -36,6 +36,7 @@ import (
 type result struct {
 	start, first, end time.Time
 	tokens            int
+	promptTokens      int // as the server counted them
 	text              string
 	events            []time.Time // arrival of each text event
 	gaps              []time.Duration
@@ -91,7 +92,7 @@ func main() {
 			}
 			scales = append(scales, sc)
 		}
-		var out []openLevel
+		var out []measure.OpenLevel
 		for _, f := range strings.Split(*rates, ",") {
 			r, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
 			if err != nil || r <= 0 {
@@ -223,6 +224,7 @@ func (t target) stream(client *http.Client, messages []map[string]string, sessio
 		var chunk struct {
 			Choices []struct{ Delta struct{ Content string } }
 			Usage   *struct {
+				PromptTokens     int `json:"prompt_tokens"`
 				CompletionTokens int `json:"completion_tokens"`
 			}
 			Error *struct{ Message string }
@@ -236,7 +238,7 @@ func (t target) stream(client *http.Client, messages []map[string]string, sessio
 			return res
 		}
 		if chunk.Usage != nil {
-			res.tokens = chunk.Usage.CompletionTokens
+			res.tokens, res.promptTokens = chunk.Usage.CompletionTokens, chunk.Usage.PromptTokens
 		}
 		if len(chunk.Choices) > 0 && chunk.Choices[0].Delta.Content != "" {
 			text.WriteString(chunk.Choices[0].Delta.Content)

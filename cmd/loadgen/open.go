@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -41,29 +42,7 @@ const (
 	thinkMean = time.Second
 )
 
-// openLevel is one rate's outcome.
-type openLevel struct {
-	Rate       float64  `json:"rate"`          // requests a second asked for
-	Achieved   float64  `json:"achieved_rate"` // requests sent a second
-	Requests   int      `json:"requests"`
-	Failed     int      `json:"failed"`
-	TTFTp50ms  float64  `json:"ttft_p50_ms"`
-	TTFTp99ms  float64  `json:"ttft_p99_ms"`
-	TPOTp50ms  float64  `json:"tpot_p50_ms"`
-	TPOTp99ms  float64  `json:"tpot_p99_ms"`
-	ITLp99ms   float64  `json:"itl_p99_ms"`
-	Attainment float64  `json:"slo_attainment"` // share of requests meeting both targets
-	Goodput    float64  `json:"goodput"`        // requests meeting both a second
-	Scaled     []scaled `json:"scaled,omitempty"`
-}
-
-// scaled is a run measured against its SLO's targets times Scale (both of them).
-type scaled struct {
-	Scale      float64 `json:"scale"`
-	Attainment float64 `json:"slo_attainment"`
-	Goodput    float64 `json:"goodput"`
-}
-
+// measure.OpenLevel is one rate's outcome.
 // turn is one request of a conversation as the workload planned it.
 type turn struct {
 	words, maxTokens int
@@ -116,7 +95,7 @@ func message(rng *rand.Rand, words int) string {
 // openRun sends rate's workload for duration and measures it against the SLO. Follow-ups
 // still due at the end are not sent; requests in flight are waited for.
 func openRun(ctx context.Context, client *http.Client, t target, rate float64, duration time.Duration, seed uint64,
-	sloTTFT, sloTPOT time.Duration, scales []float64) openLevel {
+	sloTTFT, sloTPOT time.Duration, scales []float64) measure.OpenLevel {
 	convs := plan(rate, duration, seed)
 	start := time.Now()
 	var mu sync.Mutex
@@ -174,14 +153,16 @@ func (r result) tpot() time.Duration {
 
 // summarizeOpen measures a run's results against the SLO, and against it times each of
 // scales.
-func summarizeOpen(rate float64, rs []result, duration, sloTTFT, sloTPOT time.Duration, scales []float64) openLevel {
-	l := openLevel{Rate: rate, Requests: len(rs), Achieved: float64(len(rs)) / duration.Seconds()}
+func summarizeOpen(rate float64, rs []result, duration, sloTTFT, sloTPOT time.Duration, scales []float64) measure.OpenLevel {
+	l := measure.OpenLevel{Rate: rate, Requests: len(rs), Achieved: float64(len(rs)) / duration.Seconds()}
 	var ttft, tpot, gaps []time.Duration
+	var prompts []int
 	for _, r := range rs {
 		if r.err != nil || r.first.IsZero() {
 			l.Failed++
 			continue
 		}
+		prompts = append(prompts, r.promptTokens)
 		ttft = append(ttft, r.first.Sub(r.start))
 		tpot = append(tpot, r.tpot())
 		gaps = append(gaps, r.gaps...)
@@ -190,14 +171,18 @@ func summarizeOpen(rate float64, rs []result, duration, sloTTFT, sloTPOT time.Du
 	l.TTFTp50ms, l.TTFTp99ms = ms(measure.Percentile(ttft, 50)), ms(measure.Percentile(ttft, 99))
 	l.TPOTp50ms, l.TPOTp99ms = ms(measure.Percentile(tpot, 50)), ms(measure.Percentile(tpot, 99))
 	l.ITLp99ms = ms(measure.Percentile(gaps, 99))
-	attain := func(scale float64) scaled {
+	if len(prompts) > 0 {
+		slices.Sort(prompts)
+		l.PromptP50 = prompts[len(prompts)/2]
+	}
+	attain := func(scale float64) measure.Scaled {
 		met := 0
 		for i := range ttft { // failed requests meet nothing
 			if ttft[i] <= time.Duration(scale*float64(sloTTFT)) && tpot[i] <= time.Duration(scale*float64(sloTPOT)) {
 				met++
 			}
 		}
-		sc := scaled{Scale: scale, Goodput: float64(met) / duration.Seconds()}
+		sc := measure.Scaled{Scale: scale, Goodput: float64(met) / duration.Seconds()}
 		if len(rs) > 0 {
 			sc.Attainment = float64(met) / float64(len(rs))
 		}

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/infernode/infernode/internal/measure"
 )
 
 // TestPlan: the same seed plans the same workload; arrivals come at about the rate asked
@@ -112,7 +114,7 @@ func TestSLOScales(t *testing.T) {
 		{start: at, err: fmt.Errorf("refused")},      // failed
 	}
 	l := summarizeOpen(1, rs, 10*time.Second, 10*time.Millisecond, 10*time.Millisecond, []float64{2, 4})
-	want := []scaled{{Scale: 2, Attainment: 0.2, Goodput: 0.1}, {Scale: 4, Attainment: 0.6, Goodput: 0.3}}
+	want := []measure.Scaled{{Scale: 2, Attainment: 0.2, Goodput: 0.1}, {Scale: 4, Attainment: 0.6, Goodput: 0.3}}
 	if l.Attainment != 0 || l.Goodput != 0 || !slices.Equal(l.Scaled, want) || l.Failed != 1 {
 		t.Errorf("got attainment %v goodput %v scaled %+v failed %d; want 0, 0, %+v, 1", l.Attainment, l.Goodput, l.Scaled, l.Failed, want)
 	}

@@ -70,6 +70,45 @@ type Level struct {
 	WallSeconds float64 `json:"wall_s"`
 }
 
+// OpenLevel is one request rate of an open-loop load-generator run (cmd/loadgen --rate's
+// -json output, read by LoadgenOpen).
+type OpenLevel struct {
+	Rate       float64  `json:"rate"`          // requests a second asked for
+	Achieved   float64  `json:"achieved_rate"` // requests sent a second
+	Requests   int      `json:"requests"`
+	Failed     int      `json:"failed"`
+	PromptP50  int      `json:"prompt_tokens_p50"` // the median request's prompt, as the server counted it
+	TTFTp50ms  float64  `json:"ttft_p50_ms"`
+	TTFTp99ms  float64  `json:"ttft_p99_ms"`
+	TPOTp50ms  float64  `json:"tpot_p50_ms"`
+	TPOTp99ms  float64  `json:"tpot_p99_ms"`
+	ITLp99ms   float64  `json:"itl_p99_ms"`
+	Attainment float64  `json:"slo_attainment"` // share of requests meeting both targets
+	Goodput    float64  `json:"goodput"`        // requests meeting both a second
+	Scaled     []Scaled `json:"scaled,omitempty"`
+}
+
+// Scaled is an open-loop rate measured against its SLO's targets times Scale (both).
+type Scaled struct {
+	Scale      float64 `json:"scale"`
+	Attainment float64 `json:"slo_attainment"`
+	Goodput    float64 `json:"goodput"`
+}
+
+// LoadgenOpen runs the load generator bin with args (--rate among them) and --json, and
+// returns its rates.
+func LoadgenOpen(bin string, args ...string) ([]OpenLevel, error) {
+	out, err := Output(exec.Command(bin, append(args, "--json")...))
+	if err != nil {
+		return nil, err
+	}
+	var levels []OpenLevel
+	if err := json.Unmarshal(out, &levels); err != nil {
+		return nil, fmt.Errorf("%s: %q: %w", bin, out, err)
+	}
+	return levels, nil
+}
+
 // Loadgen runs the load generator bin with args and --json, and returns its levels.
 func Loadgen(bin string, args ...string) ([]Level, error) {
 	out, err := Output(exec.Command(bin, append(args, "--json")...))

@@ -3,6 +3,7 @@ package llama
 import (
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -88,6 +89,73 @@ func BenchmarkRawDecode(b *testing.B) {
 			b.ReportMetric(float64(tokens)/took.Seconds(), "tok/s")
 			b.ReportMetric(sampling.Seconds()*1000/float64(steps), "sample-ms")
 			b.ReportMetric(float64(switches)/float64(steps), "ctxsw/step")
+			b.ReportMetric(0, "ns/op")
+		})
+	}
+}
+
+// BenchmarkRawFirstToken is llama.cpp alone answering one request on an idle context:
+// a prompt of N tokens prefilled in one batch and its first token sampled (first-token-ms),
+// then one decode step of that sequence and its sample (step-ms). These are the latency
+// targets no server can beat on this machine; cmd/benchcompare's goodput mode takes its
+// SLOs from them, the same for every server, at the prompt length it asks for
+// (INFERNODE_RAW_PROMPT_TOKENS; unset, a few lengths). INFERNODE_BENCH_MODEL, 2 threads,
+// greedy.
+func BenchmarkRawFirstToken(b *testing.B) {
+	path := os.Getenv("INFERNODE_BENCH_MODEL")
+	if path == "" {
+		b.Skip("INFERNODE_BENCH_MODEL not set; run through make bench")
+	}
+	m, err := LoadModel(path, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer m.Close()
+	lengths := []int{32, 128, 512, 1024}
+	if v := os.Getenv("INFERNODE_RAW_PROMPT_TOKENS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 2048 {
+			b.Fatalf("INFERNODE_RAW_PROMPT_TOKENS=%q: want 1 to 2048 tokens", v)
+		}
+		lengths = []int{n}
+	}
+	words, _ := m.Tokenize(strings.Repeat(" river stone bridge garden", 1024), false, false)
+	for _, n := range lengths {
+		b.Run(fmt.Sprintf("tokens=%d", n), func(b *testing.B) {
+			c, err := NewContext(m, ContextParams{Cells: 4096, Sequences: 1, Batch: 2048, Threads: 2, Unified: true, FlashAttn: true})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer c.Close()
+			batch := NewBatch(2048)
+			defer batch.Free()
+			sampler := must(NewSampler(m, SamplerParams{TopP: 1}))
+			defer sampler.Free()
+			var first, step time.Duration
+			for b.Loop() {
+				c.Clear()
+				batch.Clear()
+				var idx int
+				for i, tok := range words[:n] {
+					idx = batch.Add(tok, i, 0, i == n-1)
+				}
+				start := time.Now()
+				if err := c.Decode(batch); err != nil {
+					b.Fatal(err)
+				}
+				next := sampler.Sample(c.Logits(idx))
+				first += time.Since(start)
+				start = time.Now()
+				batch.Clear()
+				idx = batch.Add(next, n, 0, true)
+				if err := c.Decode(batch); err != nil {
+					b.Fatal(err)
+				}
+				sampler.Sample(c.Logits(idx))
+				step += time.Since(start)
+			}
+			b.ReportMetric(first.Seconds()*1000/float64(b.N), "first-token-ms")
+			b.ReportMetric(step.Seconds()*1000/float64(b.N), "step-ms")
 			b.ReportMetric(0, "ns/op")
 		})
 	}
