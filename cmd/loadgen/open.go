@@ -42,7 +42,6 @@ const (
 	thinkMean = time.Second
 )
 
-// measure.OpenLevel is one rate's outcome.
 // turn is one request of a conversation as the workload planned it.
 type turn struct {
 	words, maxTokens int

@@ -100,11 +100,12 @@ func TestOpenRun(t *testing.T) {
 }
 
 // TestSLOScales: attainment and goodput at multiples of the SLO count the requests
-// meeting both targets so multiplied; a failed request meets none.
+// meeting both targets so multiplied; a failed request meets none, and has no prompt in
+// the median.
 func TestSLOScales(t *testing.T) {
 	at := time.Unix(0, 0)
 	req := func(ttft, tpot time.Duration) result {
-		return result{start: at, first: at.Add(ttft), end: at.Add(ttft + 4*tpot), tokens: 5}
+		return result{start: at, first: at.Add(ttft), end: at.Add(ttft + 4*tpot), tokens: 5, promptTokens: int(ttft / time.Millisecond)}
 	}
 	rs := []result{
 		req(15*time.Millisecond, 5*time.Millisecond), // meets 2x and 4x
@@ -117,5 +118,8 @@ func TestSLOScales(t *testing.T) {
 	want := []measure.Scaled{{Scale: 2, Attainment: 0.2, Goodput: 0.1}, {Scale: 4, Attainment: 0.6, Goodput: 0.3}}
 	if l.Attainment != 0 || l.Goodput != 0 || !slices.Equal(l.Scaled, want) || l.Failed != 1 {
 		t.Errorf("got attainment %v goodput %v scaled %+v failed %d; want 0, 0, %+v, 1", l.Attainment, l.Goodput, l.Scaled, l.Failed, want)
+	}
+	if l.PromptP50 != 30 { // the upper middle of 5, 15, 30, 60 (the failed request's not counted)
+		t.Errorf("median prompt %d tokens, want 30", l.PromptP50)
 	}
 }
