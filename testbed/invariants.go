@@ -255,6 +255,15 @@ func (c *Cluster) checkAffinity(rep *Report, s Scenario) {
 		if faulted(rep.Windows, rs[0].Served, from, to) {
 			return "owner faulted"
 		}
+		// A node cut off serves what enters at it on its own ring: a turn that entered at
+		// it, or was served by it, while it was isolated moved by design.
+		for _, w := range rep.Windows {
+			if w.Kind == "isolate" && slices.ContainsFunc(rs, func(r Record) bool {
+				return (r.Entry == w.Node || r.Served == w.Node) && overlaps(r.Start, r.End, w.From, w.To)
+			}) {
+				return "entered at a node cut off"
+			}
+		}
 		return ""
 	}
 	byConv := map[int][]Record{}
