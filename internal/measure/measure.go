@@ -98,24 +98,19 @@ type Scaled struct {
 // LoadgenOpen runs the load generator bin with args (--rate among them) and --json, and
 // returns its rates.
 func LoadgenOpen(bin string, args ...string) ([]OpenLevel, error) {
-	out, err := Output(exec.Command(bin, append(args, "--json")...))
-	if err != nil {
-		return nil, err
-	}
-	var levels []OpenLevel
-	if err := json.Unmarshal(out, &levels); err != nil {
-		return nil, fmt.Errorf("%s: %q: %w", bin, out, err)
-	}
-	return levels, nil
+	return loadgenJSON[OpenLevel](bin, args)
 }
 
 // Loadgen runs the load generator bin with args and --json, and returns its levels.
-func Loadgen(bin string, args ...string) ([]Level, error) {
+func Loadgen(bin string, args ...string) ([]Level, error) { return loadgenJSON[Level](bin, args) }
+
+// loadgenJSON runs the load generator bin with args and --json, and decodes its output.
+func loadgenJSON[T any](bin string, args []string) ([]T, error) {
 	out, err := Output(exec.Command(bin, append(args, "--json")...))
 	if err != nil {
 		return nil, err
 	}
-	var levels []Level
+	var levels []T
 	if err := json.Unmarshal(out, &levels); err != nil {
 		return nil, fmt.Errorf("%s: %q: %w", bin, out, err)
 	}

@@ -18,15 +18,7 @@ import (
 // counts decode steps only, as the engine's and loadgen's steady rates do; sample-ms is
 // the sampling time of one step.
 func BenchmarkRawDecode(b *testing.B) {
-	path := os.Getenv("INFERNODE_BENCH_MODEL")
-	if path == "" {
-		b.Skip("INFERNODE_BENCH_MODEL not set; run through make bench")
-	}
-	m, err := LoadModel(path, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer m.Close()
+	m := benchModel(b)
 	for _, sc := range []struct {
 		n    int
 		temp float32
@@ -102,15 +94,7 @@ func BenchmarkRawDecode(b *testing.B) {
 // (INFERNODE_RAW_PROMPT_TOKENS; unset, a few lengths). INFERNODE_BENCH_MODEL, 2 threads,
 // greedy.
 func BenchmarkRawFirstToken(b *testing.B) {
-	path := os.Getenv("INFERNODE_BENCH_MODEL")
-	if path == "" {
-		b.Skip("INFERNODE_BENCH_MODEL not set; run through make bench")
-	}
-	m, err := LoadModel(path, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer m.Close()
+	m := benchModel(b)
 	lengths := []int{32, 128, 512, 1024}
 	if v := os.Getenv("INFERNODE_RAW_PROMPT_TOKENS"); v != "" {
 		n, err := strconv.Atoi(v)
@@ -159,4 +143,18 @@ func BenchmarkRawFirstToken(b *testing.B) {
 			b.ReportMetric(0, "ns/op")
 		})
 	}
+}
+
+// benchModel loads INFERNODE_BENCH_MODEL for b, closed when b ends; b is skipped without it.
+func benchModel(b *testing.B) *Model {
+	path := os.Getenv("INFERNODE_BENCH_MODEL")
+	if path == "" {
+		b.Skip("INFERNODE_BENCH_MODEL not set; run through make bench")
+	}
+	m, err := LoadModel(path, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(m.Close)
+	return m
 }
