@@ -45,7 +45,7 @@ APT_PACKAGES := nlohmann-json3-dev libstb-dev nftables iproute2 iptables
 TEST_APT_PACKAGES := chromium
 MALGO        := github.com/gen2brain/malgo@v0.11.24
 
-.PHONY: bench-goodput bench-disagg bench-shared-prompt bench-break-even all deps test-deps flags build fuzz bench-portable bench-quant model bench-model test race lint tidy-check bench bench-http bench-cluster bench-overhead bench-compare run chaos autoscale chaos-cleanup chaos-mutants upgrade-check check-clients clean
+.PHONY: bench-cluster-compare bench-goodput bench-disagg bench-shared-prompt bench-break-even all deps test-deps flags build fuzz bench-portable bench-quant model bench-model test race lint tidy-check bench bench-http bench-cluster bench-overhead bench-compare run chaos autoscale chaos-cleanup chaos-mutants upgrade-check check-clients clean
 
 all: build
 
@@ -230,6 +230,20 @@ bench-goodput: build bench-model .build/ollama
 	$(GO) test -c -o .build/llama.test ./session/llama
 	$(BIN)/benchcompare --ollama .build/ollama --model $(BENCH_MODEL) --rounds $(or $(GOODPUT_ROUNDS),2) \
 		--goodput .build/llama.test --rates $(RATES) --rate-duration $(RATE_DURATION)
+
+# bench-cluster-compare: CLUSTER_NODES infernode nodes against as many ollama servers behind
+# nginx (round robin, and consistent hash on the session header), each backend pinned to a
+# core; open-loop multi-turn load swept over CLUSTER_RATES, then one backend SIGKILLed
+# mid-run (cmd/benchcluster; nginx.conf.tmpl there is the configuration). nginx comes from
+# the distribution's packages, installed here if missing.
+CLUSTER_NODES ?= 2
+CLUSTER_RATES ?= 0.5,1,1.5,2
+CLUSTER_RATE_DURATION ?= 45s
+bench-cluster-compare: build bench-model .build/ollama
+	@command -v nginx >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx-light >/dev/null; }
+	$(GO) test -c -o .build/llama.test ./session/llama
+	$(BIN)/benchcluster --ollama .build/ollama --raw .build/llama.test --model $(BENCH_MODEL) --nodes $(CLUSTER_NODES) \
+		--rates $(CLUSTER_RATES) --rounds $(or $(CLUSTER_ROUNDS),2) --rate-duration $(CLUSTER_RATE_DURATION)
 
 # run: a local cluster of NODES nodes (HTTP 127.0.0.1:8081.., gossip 7947..), every node
 # joining through the first; Ctrl-C stops them all. MODELS=a.gguf,b.gguf makes a cluster

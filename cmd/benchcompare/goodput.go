@@ -3,9 +3,6 @@ package main
 import (
 	"fmt"
 	"os"
-	"os/exec"
-	"regexp"
-	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -27,11 +24,8 @@ type goodputConfig struct {
 	duration time.Duration
 }
 
-// goodputScales are the SLO multiples measured; attainmentGoal the share of requests that
-// must meet one for a rate to count.
+// goodputScales are the SLO multiples measured.
 var goodputScales = []float64{1, 2, 4}
-
-const attainmentGoal = 0.9
 
 func runGoodput(g goodputConfig, loadgen, model string, rounds int, temperature float64, servers ...*server) error {
 	open := func(s *server, rates string, duration time.Duration, ttft, tpot time.Duration) ([]measure.OpenLevel, error) {
@@ -55,7 +49,7 @@ func runGoodput(g goodputConfig, loadgen, model string, rounds int, temperature 
 	if len(cal) != 1 || cal[0].PromptP50 == 0 {
 		return fmt.Errorf("calibration against %s: no prompt length in %+v", servers[0].name, cal)
 	}
-	ttft, tpot, err := rawSLO(g.raw, model, cal[0].PromptP50)
+	ttft, tpot, err := measure.RawSLO(model, cal[0].PromptP50, g.raw)
 	if err != nil {
 		return err
 	}
@@ -91,13 +85,13 @@ func runGoodput(g goodputConfig, loadgen, model string, rounds int, temperature 
 	if err := w.Flush(); err != nil {
 		return err
 	}
-	fmt.Printf("\ngoodput at %.0f%% attainment (requests a second meeting the SLO, at the highest rate where %.0f%% did)\n", 100*attainmentGoal, 100*attainmentGoal)
+	fmt.Printf("\ngoodput at %.0f%% attainment (requests a second meeting the SLO, at the highest rate where %.0f%% did)\n", 100*measure.AttainmentGoal, 100*measure.AttainmentGoal)
 	w = tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(w, "round\tSLO\t%s\t%s\t%s / %s\t\n", servers[0].name, servers[1].name, servers[0].name, servers[1].name)
 	for r := range rounds {
 		for i, scale := range goodputScales {
-			a, arate := goodputAt(results[servers[0].name][r], i)
-			b, brate := goodputAt(results[servers[1].name][r], i)
+			a, arate := measure.GoodputAt(results[servers[0].name][r], i)
+			b, brate := measure.GoodputAt(results[servers[1].name][r], i)
 			ratio := "-"
 			if b > 0 {
 				ratio = fmt.Sprintf("%.2fx", a/b)
@@ -106,39 +100,4 @@ func runGoodput(g goodputConfig, loadgen, model string, rounds int, temperature 
 		}
 	}
 	return w.Flush()
-}
-
-// goodputAt is the goodput at SLO scale i of the highest rate whose attainment met
-// attainmentGoal there, and that rate (0, 0 when none did).
-func goodputAt(levels []measure.OpenLevel, i int) (goodput, rate float64) {
-	for _, l := range levels {
-		if i < len(l.Scaled) && l.Scaled[i].Attainment >= attainmentGoal && l.Rate > rate {
-			goodput, rate = l.Scaled[i].Goodput, l.Rate
-		}
-	}
-	return goodput, rate
-}
-
-// rawSLO runs BenchmarkRawFirstToken for a prompt of the given tokens, and returns its
-// first token and its step.
-func rawSLO(raw, model string, prompt int) (ttft, tpot time.Duration, err error) {
-	cmd := exec.Command(raw, "-test.run", "^$", "-test.bench", "RawFirstToken/", "-test.benchtime", "10x")
-	cmd.Env = append(os.Environ(), "INFERNODE_BENCH_MODEL="+model, fmt.Sprintf("INFERNODE_RAW_PROMPT_TOKENS=%d", prompt))
-	out, err := measure.Output(cmd)
-	if err != nil {
-		return 0, 0, err
-	}
-	metric := func(unit string) (time.Duration, error) {
-		m := regexp.MustCompile(`([0-9.]+) ` + unit).FindSubmatch(out)
-		if m == nil {
-			return 0, fmt.Errorf("%s: no %s in %q", raw, unit, out)
-		}
-		v, err := strconv.ParseFloat(string(m[1]), 64)
-		return time.Duration(v * float64(time.Millisecond)), err
-	}
-	if ttft, err = metric("first-token-ms"); err != nil {
-		return 0, 0, err
-	}
-	tpot, err = metric("step-ms")
-	return ttft, tpot, err
 }

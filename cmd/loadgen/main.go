@@ -21,6 +21,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"net/http"
@@ -37,6 +38,12 @@ type result struct {
 	start, first, end time.Time
 	tokens            int
 	promptTokens      int // as the server counted them
+	cachedTokens      int // of them, those the server reported it had cached
+	resumed           int // times the server resumed the stream elsewhere (infernode's SSE comment)
+	upstream          string // the X-Upstream header (a proxy's backend, as nginx's $upstream_addr)
+	node              string // the X-Infernode-Node header
+	conversation      string
+	turn              int // 0: the conversation's first
 	text              string
 	events            []time.Time // arrival of each text event
 	gaps              []time.Duration
@@ -66,6 +73,7 @@ func main() {
 	sloTTFT := flag.Duration("slo-ttft", time.Second, "open loop: the first-token target")
 	sloTPOT := flag.Duration("slo-tpot", 100*time.Millisecond, "open loop: the target time per output token after the first")
 	sessionHeader := flag.String("session-header", "X-Session-ID", "open loop: the header carrying each conversation's id (empty: none)")
+	records := flag.String("records", "", "open loop: write every request (conversation, turn, start, first token, tokens, cached tokens, X-Upstream, error) to this file, a JSON object a line")
 	sloScales := flag.String("slo-scales", "", "open loop: comma-separated factors to measure attainment and goodput at besides the SLO (2: both targets doubled)")
 	flag.Parse()
 
@@ -93,23 +101,32 @@ func main() {
 			scales = append(scales, sc)
 		}
 		var out []measure.OpenLevel
+		var all []result
 		for _, f := range strings.Split(*rates, ",") {
 			r, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
 			if err != nil || r <= 0 {
 				fmt.Fprintf(os.Stderr, "loadgen: bad rate %q\n", f)
 				os.Exit(2)
 			}
-			out = append(out, openRun(context.Background(), client, t, r, *duration, *seed, *sloTTFT, *sloTPOT, scales))
+			l, rs := openRun(context.Background(), client, t, r, *duration, *seed, *sloTTFT, *sloTPOT, scales)
+			out, all = append(out, l), append(all, rs...)
+		}
+		if *records != "" {
+			if err := writeRecords(*records, all); err != nil {
+				fmt.Fprintf(os.Stderr, "loadgen: %v\n", err)
+				os.Exit(1)
+			}
 		}
 		if *asJSON {
 			json.NewEncoder(os.Stdout).Encode(out)
 			return
 		}
 		fmt.Printf("SLO: first token within %v, then %v a token; seed %d, %v a rate\n", *sloTTFT, *sloTPOT, *seed, *duration)
-		fmt.Printf("%-8s %8s %8s %7s %10s %10s %10s %10s %10s %8s\n", "rate", "achieved", "requests", "failed", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "attained", "goodput")
+		fmt.Printf("%-8s %8s %8s %7s %10s %10s %16s %16s %10s %10s %10s %8s\n", "rate", "achieved", "requests", "failed", "TTFT p50", "TTFT p99",
+			"follow-up p50", "follow-up p99", "TPOT p50", "TPOT p99", "attained", "goodput")
 		for _, l := range out {
-			fmt.Printf("%-8g %8.2f %8d %7d %8.1fms %8.1fms %8.2fms %8.2fms %9.0f%% %8.2f", l.Rate, l.Achieved, l.Requests, l.Failed,
-				l.TTFTp50ms, l.TTFTp99ms, l.TPOTp50ms, l.TPOTp99ms, 100*l.Attainment, l.Goodput)
+			fmt.Printf("%-8g %8.2f %8d %7d %8.1fms %8.1fms %14.1fms %14.1fms %8.2fms %8.2fms %9.0f%% %8.2f", l.Rate, l.Achieved, l.Requests, l.Failed,
+				l.TTFTp50ms, l.TTFTp99ms, l.FollowTTFTp50ms, l.FollowTTFTp99ms, l.TPOTp50ms, l.TPOTp99ms, 100*l.Attainment, l.Goodput)
 			for _, sc := range l.Scaled {
 				fmt.Printf("   at %gx: %.0f%%, %.2f", sc.Scale, 100*sc.Attainment, sc.Goodput)
 			}
@@ -152,6 +169,27 @@ func main() {
 		fmt.Printf("%-12d %8d %7d %12.1f %8.1fms %8.1fms %8.2fms %8.2fms\n", l.Concurrency, l.Requests, l.Failed,
 			l.DecodeTokS, l.TTFTp50ms, l.TTFTp99ms, l.ITLp50ms, l.ITLp99ms)
 	}
+}
+
+// writeRecords writes rs to path, a JSON object a line.
+func writeRecords(path string, rs []result) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	w := bufio.NewWriter(f)
+	enc := json.NewEncoder(w)
+	for _, r := range rs {
+		if err := enc.Encode(r.record()); err != nil {
+			f.Close()
+			return err
+		}
+	}
+	if err := w.Flush(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 func firstModel(client *http.Client, url, key string) (string, error) {
@@ -212,20 +250,32 @@ func (t target) stream(client *http.Client, messages []map[string]string, sessio
 		res.err = fmt.Errorf("status %d", resp.StatusCode)
 		return res
 	}
+	res.upstream, res.node = resp.Header.Get("X-Upstream"), resp.Header.Get("X-Infernode-Node")
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	var last time.Time
 	var text strings.Builder
+	done := false
 	for sc.Scan() {
+		if strings.HasPrefix(sc.Text(), ": infernode-resumed ") {
+			res.resumed++
+			continue
+		}
 		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if data == "[DONE]" {
+			done = true
+		}
 		if !ok || data == "[DONE]" {
 			continue
 		}
 		var chunk struct {
 			Choices []struct{ Delta struct{ Content string } }
 			Usage   *struct {
-				PromptTokens     int `json:"prompt_tokens"`
-				CompletionTokens int `json:"completion_tokens"`
+				PromptTokens        int `json:"prompt_tokens"`
+				CompletionTokens    int `json:"completion_tokens"`
+				PromptTokensDetails struct {
+					CachedTokens int `json:"cached_tokens"`
+				} `json:"prompt_tokens_details"`
 			}
 			Error *struct{ Message string }
 		}
@@ -239,6 +289,7 @@ func (t target) stream(client *http.Client, messages []map[string]string, sessio
 		}
 		if chunk.Usage != nil {
 			res.tokens, res.promptTokens = chunk.Usage.CompletionTokens, chunk.Usage.PromptTokens
+			res.cachedTokens = chunk.Usage.PromptTokensDetails.CachedTokens
 		}
 		if len(chunk.Choices) > 0 && chunk.Choices[0].Delta.Content != "" {
 			text.WriteString(chunk.Choices[0].Delta.Content)
@@ -253,7 +304,9 @@ func (t target) stream(client *http.Client, messages []map[string]string, sessio
 		}
 	}
 	res.end, res.text = time.Now(), text.String()
-	res.err = sc.Err()
+	if res.err = sc.Err(); res.err == nil && !done {
+		res.err = errors.New("the stream ended before [DONE]") // a server or proxy that died mid-answer
+	}
 	return res
 }
 

@@ -91,10 +91,11 @@ func message(rng *rand.Rand, words int) string {
 	return strings.Join(w, " ")
 }
 
-// openRun sends rate's workload for duration and measures it against the SLO. Follow-ups
-// still due at the end are not sent; requests in flight are waited for.
+// openRun sends rate's workload for duration and measures it against the SLO; it returns
+// the requests too. Follow-ups still due at the end are not sent; requests in flight are
+// waited for.
 func openRun(ctx context.Context, client *http.Client, t target, rate float64, duration time.Duration, seed uint64,
-	sloTTFT, sloTPOT time.Duration, scales []float64) measure.OpenLevel {
+	sloTTFT, sloTPOT time.Duration, scales []float64) (measure.OpenLevel, []result) {
 	convs := plan(rate, duration, seed)
 	start := time.Now()
 	var mu sync.Mutex
@@ -116,6 +117,7 @@ func openRun(ctx context.Context, client *http.Client, t target, rate float64, d
 				}
 				history = append(history, map[string]string{"role": "user", "content": message(rng, tn.words)})
 				res := t.stream(client, history, c.id, tn.maxTokens, int64(seed)+int64(i*maxTurns+k))
+				res.conversation, res.turn = c.id, k
 				mu.Lock()
 				results = append(results, res)
 				mu.Unlock()
@@ -127,7 +129,20 @@ func openRun(ctx context.Context, client *http.Client, t target, rate float64, d
 		})
 	}
 	wg.Wait()
-	return summarizeOpen(rate, results, duration, sloTTFT, sloTPOT, scales)
+	return summarizeOpen(rate, results, duration, sloTTFT, sloTPOT, scales), results
+}
+
+// record is r as --records writes it.
+func (r result) record() measure.Request {
+	q := measure.Request{Conversation: r.conversation, Turn: r.turn, Start: r.start, Tokens: r.tokens, PromptTokens: r.promptTokens,
+		CachedTokens: r.cachedTokens, Resumed: r.resumed, Upstream: r.upstream, Node: r.node}
+	if !r.first.IsZero() {
+		q.TTFTms = float64(r.first.Sub(r.start).Microseconds()) / 1000
+	}
+	if r.err != nil {
+		q.Error = r.err.Error()
+	}
+	return q
 }
 
 // sleepUntil waits until t or ctx's end, and reports whether t came.
@@ -154,9 +169,11 @@ func (r result) tpot() time.Duration {
 // scales.
 func summarizeOpen(rate float64, rs []result, duration, sloTTFT, sloTPOT time.Duration, scales []float64) measure.OpenLevel {
 	l := measure.OpenLevel{Rate: rate, Requests: len(rs), Achieved: float64(len(rs)) / duration.Seconds()}
-	var ttft, tpot, gaps []time.Duration
+	var ttft, tpot, gaps, follow []time.Duration
 	var prompts []int
+	var followPrompt, followCached int
 	for _, r := range rs {
+		l.Resumed += r.resumed
 		if r.err != nil || r.first.IsZero() {
 			l.Failed++
 			continue
@@ -165,9 +182,17 @@ func summarizeOpen(rate float64, rs []result, duration, sloTTFT, sloTPOT time.Du
 		ttft = append(ttft, r.first.Sub(r.start))
 		tpot = append(tpot, r.tpot())
 		gaps = append(gaps, r.gaps...)
+		if r.turn > 0 {
+			follow = append(follow, r.first.Sub(r.start))
+			followPrompt, followCached = followPrompt+r.promptTokens, followCached+r.cachedTokens
+		}
 	}
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	l.TTFTp50ms, l.TTFTp99ms = ms(measure.Percentile(ttft, 50)), ms(measure.Percentile(ttft, 99))
+	l.FollowTTFTp50ms, l.FollowTTFTp99ms = ms(measure.Percentile(follow, 50)), ms(measure.Percentile(follow, 99))
+	if followPrompt > 0 {
+		l.FollowCached = float64(followCached) / float64(followPrompt)
+	}
 	l.TPOTp50ms, l.TPOTp99ms = ms(measure.Percentile(tpot, 50)), ms(measure.Percentile(tpot, 99))
 	l.ITLp99ms = ms(measure.Percentile(gaps, 99))
 	if len(prompts) > 0 {

@@ -72,7 +72,7 @@ func TestOpenRun(t *testing.T) {
 	}))
 	defer srv.Close()
 	tg := target{url: srv.URL, model: "m", sessionHeader: "X-Session-ID"}
-	loose := openRun(context.Background(), srv.Client(), tg, 20, 3*time.Second, 1, time.Second, 50*time.Millisecond, nil)
+	loose, _ := openRun(context.Background(), srv.Client(), tg, 20, 3*time.Second, 1, time.Second, 50*time.Millisecond, nil)
 	grew := 0
 	for s, counts := range history {
 		if s == "" {
@@ -91,7 +91,7 @@ func TestOpenRun(t *testing.T) {
 	if grew == 0 {
 		t.Error("no follow-up was sent")
 	}
-	tight := openRun(context.Background(), srv.Client(), tg, 20, 3*time.Second, 1, 10*time.Millisecond, 50*time.Millisecond, nil)
+	tight, _ := openRun(context.Background(), srv.Client(), tg, 20, 3*time.Second, 1, 10*time.Millisecond, 50*time.Millisecond, nil)
 	// The same workload, give or take a follow-up whose think time ends by the deadline in
 	// one run and not in the other.
 	if tight.Attainment != 0 || tight.Goodput != 0 || tight.Requests < loose.Requests*9/10 {
@@ -121,5 +121,53 @@ func TestSLOScales(t *testing.T) {
 	}
 	if l.PromptP50 != 30 { // the upper middle of 5, 15, 30, 60 (the failed request's not counted)
 		t.Errorf("median prompt %d tokens, want 30", l.PromptP50)
+	}
+}
+
+// TestFollowUps: the follow-up percentiles and cached share count only second and later
+// turns that succeeded; resumes are summed over every request.
+func TestFollowUps(t *testing.T) {
+	at := time.Unix(0, 0)
+	req := func(turn int, ttft time.Duration, prompt, cached, resumed int) result {
+		return result{start: at, first: at.Add(ttft), end: at.Add(ttft), tokens: 1, turn: turn,
+			promptTokens: prompt, cachedTokens: cached, resumed: resumed}
+	}
+	rs := []result{
+		req(0, 500*time.Millisecond, 50, 0, 0),
+		req(1, 20*time.Millisecond, 100, 90, 1),
+		req(2, 40*time.Millisecond, 200, 150, 0),
+		{start: at, turn: 1, err: fmt.Errorf("refused"), resumed: 1},
+	}
+	l := summarizeOpen(1, rs, time.Second, time.Second, time.Second, nil)
+	if l.FollowTTFTp99ms != 40 || l.FollowTTFTp50ms > 40 || l.FollowTTFTp50ms < 20 {
+		t.Errorf("follow-up TTFT p50 %v p99 %v ms, want within 20-40 and 40", l.FollowTTFTp50ms, l.FollowTTFTp99ms)
+	}
+	if l.FollowCached != 0.8 || l.Resumed != 2 {
+		t.Errorf("follow-ups cached %v, resumed %d; want 0.8, 2", l.FollowCached, l.Resumed)
+	}
+}
+
+// TestStreamRecords: a stream reports the proxy's backend, the serving node, infernode's
+// resume comments and the cached prompt tokens; one that ends before [DONE] failed.
+func TestStreamRecords(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Upstream", "127.0.0.1:9")
+		w.Header().Set("X-Infernode-Node", "node2")
+		fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n: infernode-resumed 1\n\n")
+		fmt.Fprint(w, "data: {\"choices\":[],\"usage\":{\"completion_tokens\":1,\"prompt_tokens\":9,\"prompt_tokens_details\":{\"cached_tokens\":7}}}\n\n")
+		if r.Header.Get("X-Session-ID") != "cut" {
+			fmt.Fprint(w, "data: [DONE]\n\n")
+		}
+	}))
+	defer srv.Close()
+	tg := target{url: srv.URL, model: "m", sessionHeader: "X-Session-ID"}
+	msgs := []map[string]string{{"role": "user", "content": "hi"}}
+	r := tg.stream(srv.Client(), msgs, "whole", 4, 1)
+	q := r.record()
+	if q.Error != "" || q.Upstream != "127.0.0.1:9" || q.Node != "node2" || q.Resumed != 1 || q.CachedTokens != 7 || q.PromptTokens != 9 {
+		t.Errorf("record %+v", q)
+	}
+	if r := tg.stream(srv.Client(), msgs, "cut", 4, 1); r.err == nil {
+		t.Error("a stream without [DONE] did not fail")
 	}
 }

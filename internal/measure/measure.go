@@ -7,6 +7,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"os"
 	"os/exec"
 	"slices"
 	"syscall"
@@ -83,9 +85,59 @@ type OpenLevel struct {
 	TPOTp50ms  float64  `json:"tpot_p50_ms"`
 	TPOTp99ms  float64  `json:"tpot_p99_ms"`
 	ITLp99ms   float64  `json:"itl_p99_ms"`
+	// Follow-up turns (a conversation's second and later): their first token, and the
+	// share of their prompt tokens the server reported cached (0 from servers that do not).
+	FollowTTFTp50ms float64 `json:"follow_ttft_p50_ms"`
+	FollowTTFTp99ms float64 `json:"follow_ttft_p99_ms"`
+	FollowCached    float64 `json:"follow_cached"`
+	Resumed         int     `json:"resumed"` // streams the server resumed on another node
 	Attainment float64  `json:"slo_attainment"` // share of requests meeting both targets
 	Goodput    float64  `json:"goodput"`        // requests meeting both a second
 	Scaled     []Scaled `json:"scaled,omitempty"`
+}
+
+// Request is one request of an open-loop run, as cmd/loadgen --records writes it (a JSON
+// object a line).
+type Request struct {
+	Conversation string    `json:"conversation"`
+	Turn         int       `json:"turn"` // 0: the conversation's first
+	Start        time.Time `json:"start"`
+	TTFTms       float64   `json:"ttft_ms"` // 0: no token came
+	Tokens       int       `json:"tokens"`
+	PromptTokens int       `json:"prompt_tokens"`
+	CachedTokens int       `json:"cached_tokens"`
+	Resumed      int       `json:"resumed"`
+	Upstream     string    `json:"upstream,omitempty"` // the X-Upstream header: the proxy's backend
+	Node         string    `json:"node,omitempty"`     // the X-Infernode-Node header: the node that served it
+	Error        string    `json:"error,omitempty"`
+}
+
+// Served is the backend that served r: the infernode node that says so, else the proxy's
+// backend.
+func (r Request) Served() string {
+	if r.Node != "" {
+		return r.Node
+	}
+	return r.Upstream
+}
+
+// ReadRequests reads a --records file.
+func ReadRequests(path string) ([]Request, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var out []Request
+	for dec := json.NewDecoder(f); ; {
+		var r Request
+		if err := dec.Decode(&r); err == io.EOF {
+			return out, nil
+		} else if err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		out = append(out, r)
+	}
 }
 
 // Scaled is an open-loop rate measured against its SLO's targets times Scale (both).

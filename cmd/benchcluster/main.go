@@ -1,0 +1,468 @@
+// Command benchcluster measures an infernode cluster against what a user would build
+// instead: the same number of ollama servers behind nginx, round robin and sticky
+// (consistent hash on the session header). Every backend process is pinned to its own core
+// (node i and ollama server i share core i, and only one side runs load at a time), the
+// model, parallel sequences and context per sequence are the same, and the same seeded
+// open-loop multi-turn workload (cmd/loadgen --rate) runs against each setup in turn, all
+// three through nginx (nginx.conf.tmpl, as committed). make bench-cluster-compare runs it.
+//
+// It reports, per setup: the follow-up turns' first token (p50/p99), goodput at 90%
+// attainment of SLOs from llama.cpp alone (as benchcompare's goodput mode, at 1x, 2x and
+// 4x), and what a SIGKILL of one backend mid-run does: answers failed (and how many of
+// those had their client connection through the killed process), answers resumed, and
+// whether the killed backend's conversations come back warm.
+//
+//	benchcluster --ollama .build/ollama --raw .build/llama.test --model models/smollm2-135m-shape.gguf
+package main
+
+import (
+	"bytes"
+	"context"
+	_ "embed"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"text/template"
+	"time"
+
+	"github.com/infernode/infernode/internal/measure"
+	"github.com/infernode/infernode/internal/poll"
+	"github.com/infernode/infernode/testbed"
+)
+
+//go:embed nginx.conf.tmpl
+var nginxConf string
+
+// Ports: nginx listens on nginxPort+i for setup i; infernode node i on infernodePort+i
+// (gossip gossipPort+i); ollama server i on ollamaPort+i.
+const (
+	nginxPort     = 18600
+	infernodePort = 18610
+	ollamaPort    = 18620
+	gossipPort    = 18710
+)
+
+// scales are the SLO multiples measured.
+var scales = []float64{1, 2, 4}
+
+type config struct {
+	infernode, ollama, loadgen, nginx, raw, model string
+	nodes, parallel, cells, rounds                int
+	rates                                         string
+	duration, killDuration                        time.Duration
+	killRate                                      float64
+}
+
+func main() {
+	var c config
+	flag.StringVar(&c.infernode, "infernode", "bin/infernode", "infernode binary")
+	flag.StringVar(&c.ollama, "ollama", ".build/ollama", "ollama binary (make .build/ollama builds it)")
+	flag.StringVar(&c.loadgen, "loadgen", "bin/loadgen", "loadgen binary")
+	flag.StringVar(&c.nginx, "nginx", "nginx", "nginx binary")
+	flag.StringVar(&c.raw, "raw", ".build/llama.test", "the session/llama test binary (go test -c) whose BenchmarkRawFirstToken sets the SLOs")
+	flag.StringVar(&c.model, "model", "models/smollm2-135m-shape.gguf", "GGUF every backend serves")
+	flag.IntVar(&c.nodes, "nodes", 2, "backends a side (each pinned to a core)")
+	flag.IntVar(&c.parallel, "parallel", 8, "sequences each backend runs at once (infernode --sequences, OLLAMA_NUM_PARALLEL)")
+	flag.IntVar(&c.cells, "ctx", 8192, "KV cells each backend holds over all its sequences (infernode --ctx; ollama's num_ctx is this over --parallel)")
+	flag.IntVar(&c.rounds, "rounds", 2, "rounds of the sweep, alternating the setups in each")
+	flag.StringVar(&c.rates, "rates", "0.5,1,1.5,2", "request rates swept (a second, the whole cluster)")
+	flag.DurationVar(&c.duration, "rate-duration", 45*time.Second, "how long each rate runs")
+	flag.Float64Var(&c.killRate, "kill-rate", 1, "request rate of the kill runs")
+	flag.DurationVar(&c.killDuration, "kill-duration", 60*time.Second, "length of a kill run: the last backend is killed half-way")
+	flag.Parse()
+	if err := run(c); err != nil {
+		fmt.Fprintln(os.Stderr, "benchcluster:", err)
+		os.Exit(1)
+	}
+}
+
+// setup is one side of the comparison: nginx in front of a set of backends.
+type setup struct {
+	Name     string   // nginx's upstream name
+	Title    string   // as the tables print it
+	Listen   string   // nginx's address for it
+	Backends []string // host:port
+	Sticky   bool     // consistent hash on X-Session-ID, else round robin
+	model    string   // model id requests name ("": the server's first)
+	backends *backends
+}
+
+func (s *setup) url() string { return "http://" + s.Listen }
+
+// backends is one kind of server, N of them, with a way to kill and revive the last.
+type backends struct {
+	// kill SIGKILLs the last backend; served is the name its answers carry (an infernode
+	// node's id, an ollama server's address), upstream the address nginx knows it by.
+	kill   func() (served, upstream string)
+	revive func(context.Context) error
+}
+
+func run(c config) error {
+	ctx := context.Background()
+	var err error
+	for _, p := range []*string{&c.infernode, &c.ollama, &c.loadgen, &c.raw, &c.model} {
+		if *p, err = filepath.Abs(*p); err != nil {
+			return err
+		}
+	}
+	work, err := os.MkdirTemp("", "benchcluster")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(work)
+
+	// infernode: a cluster of nodes, node i pinned to core i.
+	cluster, err := testbed.Start(ctx, testbed.Config{Binary: c.infernode, Model: c.model, Nodes: c.nodes, Pin: true,
+		HTTPPort: infernodePort, GossipPort: gossipPort, LogDir: filepath.Join(work, "infernode"),
+		Args: []string{"--threads", "1", "--sequences", fmt.Sprint(c.parallel), "--ctx", fmt.Sprint(c.cells)}})
+	if err != nil {
+		return err
+	}
+	defer cluster.Close()
+	if _, err := cluster.WaitRings(ctx, cluster.IDs(), time.Minute); err != nil {
+		return err
+	}
+	inf := &setup{Name: "infernode", Title: "infernode, nginx round robin", backends: &backends{}}
+	for _, n := range cluster.Nodes {
+		inf.Backends = append(inf.Backends, n.HTTPAddr)
+	}
+	last := cluster.Nodes[len(cluster.Nodes)-1]
+	inf.backends.kill = func() (string, string) { last.Kill(); return last.ID, last.HTTPAddr }
+	inf.backends.revive = func(ctx context.Context) error {
+		if err := last.Restart(ctx); err != nil {
+			return err
+		}
+		_, err := cluster.WaitRings(ctx, cluster.IDs(), time.Minute)
+		return err
+	}
+
+	// ollama: N servers, server i pinned to core i, one model made from the same GGUF with
+	// one thread and the same context a sequence.
+	oll, err := startOllama(ctx, c, work)
+	if err != nil {
+		return err
+	}
+	defer oll.close()
+	rr := &setup{Name: "ollama_rr", Title: "ollama, nginx round robin", Backends: oll.addrs, model: "bench", backends: &oll.backends}
+	sticky := &setup{Name: "ollama_sticky", Title: "ollama, nginx sticky", Backends: oll.addrs, Sticky: true, model: "bench", backends: &oll.backends}
+	setups := []*setup{inf, rr, sticky}
+	for i, s := range setups {
+		s.Listen = fmt.Sprintf("127.0.0.1:%d", nginxPort+i)
+	}
+	stopNginx, err := startNginx(c.nginx, work, setups)
+	if err != nil {
+		return err
+	}
+	defer stopNginx()
+
+	// Warm every backend through nginx (round robin reaches each), then measure the
+	// workload's median prompt and take the SLO from llama.cpp alone on one core.
+	for _, s := range []*setup{inf, rr} {
+		if _, err := measure.Loadgen(c.loadgen, s.args("--concurrency", fmt.Sprint(2*c.nodes), "--rounds", "1", "--max-tokens", "8")...); err != nil {
+			return fmt.Errorf("warm-up of %s: %w", s.Title, err)
+		}
+	}
+	cal, err := measure.LoadgenOpen(c.loadgen, inf.args("--rate", "1", "--duration", "30s")...)
+	if err != nil {
+		return err
+	}
+	if len(cal) != 1 || cal[0].PromptP50 == 0 {
+		return fmt.Errorf("calibration: no prompt length in %+v", cal)
+	}
+	ttft, tpot, err := measure.RawSLO(c.model, cal[0].PromptP50, "taskset", "-c", "0", c.raw)
+	if err != nil {
+		return err
+	}
+	slo := []string{"--slo-ttft", ttft.String(), "--slo-tpot", tpot.String(), "--slo-scales", "1,2,4"}
+	fmt.Printf("%d backends a side, each pinned to a core; SLO from llama.cpp alone on one core: the first token of the median prompt (%d tokens) in %v, then %v a token\n\n",
+		c.nodes, cal[0].PromptP50, ttft.Round(100*time.Microsecond), tpot.Round(100*time.Microsecond))
+
+	sweep := map[*setup][][]measure.OpenLevel{}
+	for r := range c.rounds {
+		for _, s := range setups {
+			fmt.Fprintf(os.Stderr, "round %d: %s\n", r+1, s.Title)
+			levels, err := measure.LoadgenOpen(c.loadgen, s.args(append([]string{"--rate", c.rates, "--duration", c.duration.String(),
+				"--seed", fmt.Sprint(r + 1)}, slo...)...)...)
+			if err != nil {
+				return fmt.Errorf("%s: %w", s.Title, err)
+			}
+			sweep[s] = append(sweep[s], levels)
+		}
+	}
+	kills := map[*setup]killResult{}
+	for _, s := range setups {
+		fmt.Fprintf(os.Stderr, "kill: %s\n", s.Title)
+		if kills[s], err = killRun(ctx, c, work, s, slo); err != nil {
+			return fmt.Errorf("kill run of %s: %w", s.Title, err)
+		}
+	}
+	return report(os.Stdout, c, setups, sweep, kills)
+}
+
+// args are loadgen's flags for s, then more.
+func (s *setup) args(more ...string) []string {
+	a := []string{"--url", s.url(), "--temperature", "0", "--session-header", "X-Session-ID"}
+	if s.model != "" {
+		a = append(a, "--model", s.model)
+	}
+	return append(a, more...)
+}
+
+// ollamaServers are the running ollama servers.
+type ollamaServers struct {
+	backends
+	addrs []string
+	cmds  []*exec.Cmd
+}
+
+func (o *ollamaServers) close() {
+	for _, cmd := range o.cmds {
+		if cmd != nil && cmd.Process != nil {
+			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // serve and its runner
+			cmd.Wait()
+		}
+	}
+}
+
+func startOllama(ctx context.Context, c config, work string) (*ollamaServers, error) {
+	o := &ollamaServers{}
+	start := func(i int) error {
+		cmd := exec.Command("taskset", "-c", fmt.Sprint(i%runtime.NumCPU()), c.ollama, "serve")
+		cmd.Env = append(os.Environ(), "OLLAMA_HOST="+o.addrs[i], "OLLAMA_MODELS="+filepath.Join(work, "ollama"),
+			fmt.Sprintf("OLLAMA_NUM_PARALLEL=%d", c.parallel), "OLLAMA_KEEP_ALIVE=1h", "OLLAMA_MAX_QUEUE=4096")
+		log, err := os.Create(filepath.Join(work, fmt.Sprintf("ollama-%d.log", i)))
+		if err != nil {
+			return err
+		}
+		cmd.Stdout, cmd.Stderr = log, log
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // the runner it starts is in its group
+		if err := cmd.Start(); err != nil {
+			return fmt.Errorf("start ollama: %w", err)
+		}
+		o.cmds[i] = cmd
+		if !poll.Answers200("http://"+o.addrs[i]+"/", time.Minute) {
+			return fmt.Errorf("ollama on %s did not answer within a minute", o.addrs[i])
+		}
+		return nil
+	}
+	for i := range c.nodes {
+		o.addrs, o.cmds = append(o.addrs, fmt.Sprintf("127.0.0.1:%d", ollamaPort+i)), append(o.cmds, nil)
+		if err := start(i); err != nil {
+			o.close()
+			return nil, err
+		}
+	}
+	modelfile := filepath.Join(work, "Modelfile")
+	if err := os.WriteFile(modelfile, fmt.Appendf(nil, "FROM %s\nPARAMETER num_thread 1\nPARAMETER num_ctx %d\n", c.model, c.cells/c.parallel), 0o644); err != nil {
+		o.close()
+		return nil, err
+	}
+	create := exec.Command(c.ollama, "create", "bench", "-f", modelfile) // the servers share the model store
+	create.Env = append(os.Environ(), "OLLAMA_HOST="+o.addrs[0])
+	if out, err := create.CombinedOutput(); err != nil {
+		o.close()
+		return nil, fmt.Errorf("ollama create: %w: %s", err, out)
+	}
+	i := c.nodes - 1
+	o.kill = func() (string, string) {
+		syscall.Kill(-o.cmds[i].Process.Pid, syscall.SIGKILL)
+		o.cmds[i].Wait()
+		return o.addrs[i], o.addrs[i]
+	}
+	o.revive = func(ctx context.Context) error {
+		if err := start(i); err != nil {
+			return err
+		}
+		// Load the model before the next run measures anything.
+		_, err := measure.Loadgen(c.loadgen, "--url", "http://"+o.addrs[i], "--model", "bench", "--concurrency", "1", "--rounds", "1", "--max-tokens", "4")
+		return err
+	}
+	return o, nil
+}
+
+// startNginx renders the configuration for setups and runs nginx on it until stop.
+func startNginx(bin, work string, setups []*setup) (stop func(), err error) {
+	dir := filepath.Join(work, "nginx")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	var conf bytes.Buffer
+	if err := template.Must(template.New("nginx").Parse(nginxConf)).Execute(&conf, map[string]any{"Dir": dir, "Setups": setups}); err != nil {
+		return nil, err
+	}
+	path := filepath.Join(dir, "nginx.conf")
+	if err := os.WriteFile(path, conf.Bytes(), 0o644); err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(bin, "-p", dir, "-c", path)
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start nginx (make bench-cluster-compare installs it): %w", err)
+	}
+	stop = func() { cmd.Process.Kill(); cmd.Wait() }
+	for _, s := range setups {
+		if !poll.Answers200(s.url()+"/v1/models", 30*time.Second) {
+			stop()
+			return nil, fmt.Errorf("nginx on %s: GET /v1/models did not answer 200", s.Listen)
+		}
+	}
+	return stop, nil
+}
+
+// killResult is what a SIGKILL of one backend half-way through a run did.
+type killResult struct {
+	level measure.OpenLevel
+	// failed counts the failed answers; throughKilled those whose client connection ran
+	// through the killed process (its socket died with it, whatever any backend does).
+	failed, throughKilled, resumed int
+	// moved are the follow-ups, sent after the kill, of conversations whose previous turn
+	// the killed backend served; others the other follow-ups after the kill.
+	moved, others             []time.Duration
+	movedPrompt, movedCached int
+}
+
+func killRun(ctx context.Context, c config, work string, s *setup, slo []string) (killResult, error) {
+	records := filepath.Join(work, s.Name+"-kill.jsonl")
+	type answer struct {
+		levels []measure.OpenLevel
+		err    error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		l, err := measure.LoadgenOpen(c.loadgen, s.args(append([]string{"--rate", fmt.Sprint(c.killRate), "--duration", c.killDuration.String(),
+			"--seed", "100", "--records", records}, slo...)...)...)
+		done <- answer{l, err}
+	}()
+	time.Sleep(c.killDuration / 2) // the experiment's schedule: the kill comes half-way through the load
+	killedAt := time.Now()
+	served, upstream := s.backends.kill()
+	a := <-done
+	if err := errors.Join(a.err, s.backends.revive(ctx)); err != nil {
+		return killResult{}, err
+	}
+	if len(a.levels) != 1 {
+		return killResult{}, fmt.Errorf("loadgen answered %d rates, want 1", len(a.levels))
+	}
+	reqs, err := measure.ReadRequests(records)
+	if err != nil {
+		return killResult{}, err
+	}
+	res := sortKill(reqs, killedAt, served, upstream)
+	res.level = a.levels[0]
+	return res, nil
+}
+
+// sortKill sorts a kill run's requests: failed answers (through the killed process's socket
+// or not), resumed ones, and the follow-ups after the kill of the killed backend's
+// conversations against the others'.
+func sortKill(reqs []measure.Request, at time.Time, served, upstream string) killResult {
+	var k killResult
+	byConv := map[string][]measure.Request{}
+	for _, r := range reqs {
+		k.resumed += r.Resumed
+		if r.Error != "" {
+			k.failed++
+			if r.Upstream == upstream {
+				k.throughKilled++
+			}
+		}
+		byConv[r.Conversation] = append(byConv[r.Conversation], r)
+	}
+	for _, turns := range byConv {
+		slices.SortFunc(turns, func(a, b measure.Request) int { return a.Turn - b.Turn })
+		for i := 1; i < len(turns); i++ {
+			prev, r := turns[i-1], turns[i]
+			if r.Error != "" || !r.Start.After(at) || prev.Start.After(at) {
+				continue
+			}
+			ttft := time.Duration(r.TTFTms * float64(time.Millisecond))
+			if prev.Served() == served {
+				k.moved = append(k.moved, ttft)
+				k.movedPrompt, k.movedCached = k.movedPrompt+r.PromptTokens, k.movedCached+r.CachedTokens
+			} else {
+				k.others = append(k.others, ttft)
+			}
+		}
+	}
+	return k
+}
+
+func report(w0 io.Writer, c config, setups []*setup, sweep map[*setup][][]measure.OpenLevel, kills map[*setup]killResult) error {
+	ms := func(v float64) string { return fmt.Sprintf("%.0f ms", v) }
+	w := tabwriter.NewWriter(w0, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(w, "setup\tround\trate\tachieved\tfailed\tTTFT p50\tTTFT p99\tfollow-up TTFT p50\tfollow-up TTFT p99\tfollow-ups cached\tTPOT p50\tattained 1x / 2x / 4x\t")
+	for _, s := range setups {
+		for r, levels := range sweep[s] {
+			for _, l := range levels {
+				var att []string
+				for _, sc := range l.Scaled {
+					att = append(att, fmt.Sprintf("%.0f%%", 100*sc.Attainment))
+				}
+				fmt.Fprintf(w, "%s\t%d\t%g\t%.2f\t%d\t%s\t%s\t%s\t%s\t%.0f%%\t%.1f ms\t%s\t\n", s.Title, r+1, l.Rate, l.Achieved, l.Failed,
+					ms(l.TTFTp50ms), ms(l.TTFTp99ms), ms(l.FollowTTFTp50ms), ms(l.FollowTTFTp99ms), 100*l.FollowCached, l.TPOTp50ms, strings.Join(att, " / "))
+			}
+		}
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+
+	inf, rr, sticky := setups[0], setups[1], setups[2]
+	ratio := func(a, b float64) string {
+		if b == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.2fx", a/b)
+	}
+	fmt.Fprintf(w0, "\nfollow-up turns' first token, infernode over each nginx setup at the same rate (goals: p50 at most 0.2x round robin's; p99 at most 1x sticky's)\n")
+	w = tabwriter.NewWriter(w0, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(w, "round\trate\tp50 / round robin\tp99 / round robin\tp50 / sticky\tp99 / sticky\t")
+	for r := range c.rounds {
+		for i, l := range sweep[inf][r] {
+			a, b := sweep[rr][r][i], sweep[sticky][r][i]
+			fmt.Fprintf(w, "%d\t%g\t%s\t%s\t%s\t%s\t\n", r+1, l.Rate, ratio(l.FollowTTFTp50ms, a.FollowTTFTp50ms), ratio(l.FollowTTFTp99ms, a.FollowTTFTp99ms),
+				ratio(l.FollowTTFTp50ms, b.FollowTTFTp50ms), ratio(l.FollowTTFTp99ms, b.FollowTTFTp99ms))
+		}
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+
+	fmt.Fprintf(w0, "\ngoodput at %.0f%% attainment, requests a second (the highest rate swept where %.0f%% met the SLO); goals: 1.5x round robin's, 1.2x sticky's\n",
+		100*measure.AttainmentGoal, 100*measure.AttainmentGoal)
+	w = tabwriter.NewWriter(w0, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(w, "round\tSLO\t%s\t%s\t%s\tover round robin\tover sticky\t\n", inf.Title, rr.Title, sticky.Title)
+	for r := range c.rounds {
+		for i, scale := range scales {
+			g := func(s *setup) float64 { v, _ := measure.GoodputAt(sweep[s][r], i); return v }
+			fmt.Fprintf(w, "%d\t%gx\t%.2f\t%.2f\t%.2f\t%s\t%s\t\n", r+1, scale, g(inf), g(rr), g(sticky), ratio(g(inf), g(rr)), ratio(g(inf), g(sticky)))
+		}
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+
+	fmt.Fprintf(w0, "\nthe last backend SIGKILLed half-way through %v at %g requests a second (goal: no failed answers, against nginx's)\n", c.killDuration, c.killRate)
+	w = tabwriter.NewWriter(w0, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(w, "setup\trequests\tfailed\tof them through the killed process\tresumed\tits conversations' follow-ups after\ttheir TTFT p50\tcached\tother follow-ups' TTFT p50\t")
+	for _, s := range setups {
+		k := kills[s]
+		cached := "-"
+		if k.movedPrompt > 0 {
+			cached = fmt.Sprintf("%.0f%%", 100*float64(k.movedCached)/float64(k.movedPrompt))
+		}
+		p50 := func(d []time.Duration) string { return ms(float64(measure.Percentile(d, 50).Microseconds()) / 1000) }
+		fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t\n", s.Title, k.level.Requests, k.failed, k.throughKilled, k.resumed,
+			len(k.moved), p50(k.moved), cached, p50(k.others))
+	}
+	return w.Flush()
+}

@@ -1,0 +1,41 @@
+package main
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/infernode/infernode/internal/measure"
+)
+
+// TestSortKill: a kill run's failed answers are told apart by the connection they came
+// through; a follow-up after the kill counts as the killed backend's when the turn before
+// it was served there before the kill; a follow-up whose turn before came after the kill,
+// or failed, counts in neither list.
+func TestSortKill(t *testing.T) {
+	at := time.Unix(100, 0)
+	before, after := at.Add(-time.Second), at.Add(time.Second)
+	reqs := []measure.Request{
+		{Conversation: "a", Turn: 0, Start: before, Node: "node2", Upstream: "u1"},
+		{Conversation: "a", Turn: 1, Start: after, TTFTms: 40, PromptTokens: 100, CachedTokens: 80, Node: "node1", Upstream: "u1", Resumed: 0},
+		{Conversation: "b", Turn: 1, Start: after, TTFTms: 30, Upstream: "u1"},
+		{Conversation: "b", Turn: 0, Start: before, Node: "node1", Upstream: "u2"},
+		{Conversation: "c", Turn: 0, Start: before, Upstream: "u2", Error: "the stream ended before [DONE]"},
+		{Conversation: "d", Turn: 0, Start: before, Upstream: "u1", Error: "status 503", Resumed: 1},
+		{Conversation: "e", Turn: 0, Start: after, Node: "node2"},
+		{Conversation: "e", Turn: 1, Start: after.Add(time.Second), TTFTms: 10},
+		{Conversation: "f", Turn: 0, Start: before, Node: "node2"},
+		{Conversation: "f", Turn: 1, Start: after, Error: "refused"},
+		{Conversation: "f", Turn: 2, Start: after, TTFTms: 5},
+	}
+	k := sortKill(reqs, at, "node2", "u2")
+	if k.failed != 3 || k.throughKilled != 1 || k.resumed != 1 {
+		t.Errorf("failed %d, through the killed process %d, resumed %d; want 3, 1, 1", k.failed, k.throughKilled, k.resumed)
+	}
+	if !slices.Equal(k.moved, []time.Duration{40 * time.Millisecond}) || k.movedPrompt != 100 || k.movedCached != 80 {
+		t.Errorf("the killed backend's follow-ups %v (prompt %d, cached %d), want [40ms] (100, 80)", k.moved, k.movedPrompt, k.movedCached)
+	}
+	if !slices.Equal(k.others, []time.Duration{30 * time.Millisecond}) {
+		t.Errorf("other follow-ups %v, want [30ms]", k.others)
+	}
+}
