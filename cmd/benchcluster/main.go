@@ -326,7 +326,7 @@ type killResult struct {
 	failed, throughKilled, resumed int
 	// moved are the follow-ups, sent after the kill, of conversations whose previous turn
 	// the killed backend served; others the other follow-ups after the kill.
-	moved, others             []time.Duration
+	moved, others            []time.Duration
 	movedPrompt, movedCached int
 }
 

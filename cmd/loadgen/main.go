@@ -37,9 +37,9 @@ import (
 type result struct {
 	start, first, end time.Time
 	tokens            int
-	promptTokens      int // as the server counted them
-	cachedTokens      int // of them, those the server reported it had cached
-	resumed           int // times the server resumed the stream elsewhere (infernode's SSE comment)
+	promptTokens      int    // as the server counted them
+	cachedTokens      int    // of them, those the server reported it had cached
+	resumed           int    // times the server resumed the stream elsewhere (infernode's SSE comment)
 	upstream          string // the X-Upstream header (a proxy's backend, as nginx's $upstream_addr)
 	node              string // the X-Infernode-Node header
 	conversation      string

@@ -75,25 +75,25 @@ type Level struct {
 // OpenLevel is one request rate of an open-loop load-generator run (cmd/loadgen --rate's
 // -json output, read by LoadgenOpen).
 type OpenLevel struct {
-	Rate       float64  `json:"rate"`          // requests a second asked for
-	Achieved   float64  `json:"achieved_rate"` // requests sent a second
-	Requests   int      `json:"requests"`
-	Failed     int      `json:"failed"`
-	PromptP50  int      `json:"prompt_tokens_p50"` // the median request's prompt, as the server counted it
-	TTFTp50ms  float64  `json:"ttft_p50_ms"`
-	TTFTp99ms  float64  `json:"ttft_p99_ms"`
-	TPOTp50ms  float64  `json:"tpot_p50_ms"`
-	TPOTp99ms  float64  `json:"tpot_p99_ms"`
-	ITLp99ms   float64  `json:"itl_p99_ms"`
+	Rate      float64 `json:"rate"`          // requests a second asked for
+	Achieved  float64 `json:"achieved_rate"` // requests sent a second
+	Requests  int     `json:"requests"`
+	Failed    int     `json:"failed"`
+	PromptP50 int     `json:"prompt_tokens_p50"` // the median request's prompt, as the server counted it
+	TTFTp50ms float64 `json:"ttft_p50_ms"`
+	TTFTp99ms float64 `json:"ttft_p99_ms"`
+	TPOTp50ms float64 `json:"tpot_p50_ms"`
+	TPOTp99ms float64 `json:"tpot_p99_ms"`
+	ITLp99ms  float64 `json:"itl_p99_ms"`
 	// Follow-up turns (a conversation's second and later): their first token, and the
 	// share of their prompt tokens the server reported cached (0 from servers that do not).
-	FollowTTFTp50ms float64 `json:"follow_ttft_p50_ms"`
-	FollowTTFTp99ms float64 `json:"follow_ttft_p99_ms"`
-	FollowCached    float64 `json:"follow_cached"`
-	Resumed         int     `json:"resumed"` // streams the server resumed on another node
-	Attainment float64  `json:"slo_attainment"` // share of requests meeting both targets
-	Goodput    float64  `json:"goodput"`        // requests meeting both a second
-	Scaled     []Scaled `json:"scaled,omitempty"`
+	FollowTTFTp50ms float64  `json:"follow_ttft_p50_ms"`
+	FollowTTFTp99ms float64  `json:"follow_ttft_p99_ms"`
+	FollowCached    float64  `json:"follow_cached"`
+	Resumed         int      `json:"resumed"`        // streams the server resumed on another node
+	Attainment      float64  `json:"slo_attainment"` // share of requests meeting both targets
+	Goodput         float64  `json:"goodput"`        // requests meeting both a second
+	Scaled          []Scaled `json:"scaled,omitempty"`
 }
 
 // Request is one request of an open-loop run, as cmd/loadgen --records writes it (a JSON
