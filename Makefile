@@ -235,7 +235,8 @@ bench-goodput: build bench-model .build/ollama
 # nginx (round robin, and consistent hash on the session header), each backend pinned to a
 # core; open-loop multi-turn load swept over CLUSTER_RATES, then one backend SIGKILLed
 # mid-run (cmd/benchcluster; nginx.conf.tmpl there is the configuration). nginx comes from
-# the distribution's packages, installed here if missing.
+# the distribution's packages, installed here if missing. CLUSTER_ARGS adds benchcluster flags
+# (--kill-duration, --kill-rate, --parallel, --ctx).
 CLUSTER_NODES ?= 2
 CLUSTER_RATES ?= 0.5,1,1.5,2
 CLUSTER_RATE_DURATION ?= 45s
@@ -243,7 +244,7 @@ bench-cluster-compare: build bench-model .build/ollama
 	@command -v nginx >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx-light >/dev/null; }
 	$(GO) test -c -o .build/llama.test ./session/llama
 	$(BIN)/benchcluster --ollama .build/ollama --raw .build/llama.test --model $(BENCH_MODEL) --nodes $(CLUSTER_NODES) \
-		--rates $(CLUSTER_RATES) --rounds $(or $(CLUSTER_ROUNDS),2) --rate-duration $(CLUSTER_RATE_DURATION)
+		--rates $(CLUSTER_RATES) --rounds $(or $(CLUSTER_ROUNDS),2) --rate-duration $(CLUSTER_RATE_DURATION) $(CLUSTER_ARGS)
 
 # run: a local cluster of NODES nodes (HTTP 127.0.0.1:8081.., gossip 7947..), every node
 # joining through the first; Ctrl-C stops them all. MODELS=a.gguf,b.gguf makes a cluster

@@ -60,6 +60,7 @@ type config struct {
 	rates                                         string
 	duration, killDuration                        time.Duration
 	killRate                                      float64
+	keep                                          bool
 }
 
 func main() {
@@ -77,6 +78,7 @@ func main() {
 	flag.StringVar(&c.rates, "rates", "0.5,1,1.5,2", "request rates swept (a second, the whole cluster)")
 	flag.DurationVar(&c.duration, "rate-duration", 45*time.Second, "how long each rate runs")
 	flag.Float64Var(&c.killRate, "kill-rate", 1, "request rate of the kill runs")
+	flag.BoolVar(&c.keep, "keep", false, "keep the work directory (logs, nginx.conf, the kill runs' records); kept anyway on an error")
 	flag.DurationVar(&c.killDuration, "kill-duration", 60*time.Second, "length of a kill run: the last backend is killed half-way")
 	flag.Parse()
 	if err := run(c); err != nil {
@@ -106,9 +108,8 @@ type backends struct {
 	revive func(context.Context) error
 }
 
-func run(c config) error {
+func run(c config) (err error) {
 	ctx := context.Background()
-	var err error
 	for _, p := range []*string{&c.infernode, &c.ollama, &c.loadgen, &c.raw, &c.model} {
 		if *p, err = filepath.Abs(*p); err != nil {
 			return err
@@ -118,7 +119,13 @@ func run(c config) error {
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(work)
+	defer func() {
+		if err != nil || c.keep {
+			fmt.Fprintln(os.Stderr, "benchcluster: logs, nginx.conf and records kept in", work)
+			return
+		}
+		os.RemoveAll(work)
+	}()
 
 	// infernode: a cluster of nodes, node i pinned to core i.
 	cluster, err := testbed.Start(ctx, testbed.Config{Binary: c.infernode, Model: c.model, Nodes: c.nodes, Pin: true,
@@ -178,7 +185,7 @@ func run(c config) error {
 	if len(cal) != 1 || cal[0].PromptP50 == 0 {
 		return fmt.Errorf("calibration: no prompt length in %+v", cal)
 	}
-	ttft, tpot, err := measure.RawSLO(c.model, cal[0].PromptP50, "taskset", "-c", "0", c.raw)
+	ttft, tpot, err := measure.RawSLO(c.model, cal[0].PromptP50, 1, "taskset", "-c", "0", c.raw)
 	if err != nil {
 		return err
 	}
@@ -305,10 +312,11 @@ func startNginx(bin, work string, setups []*setup) (stop func(), err error) {
 	}
 	cmd := exec.Command(bin, "-p", dir, "-c", path)
 	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // its worker is in its group
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start nginx (make bench-cluster-compare installs it): %w", err)
 	}
-	stop = func() { cmd.Process.Kill(); cmd.Wait() }
+	stop = func() { syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); cmd.Wait() }
 	for _, s := range setups {
 		if !poll.Answers200(s.url()+"/v1/models", 30*time.Second) {
 			stop()
@@ -371,7 +379,7 @@ func sortKill(reqs []measure.Request, at time.Time, served, upstream string) kil
 		k.resumed += r.Resumed
 		if r.Error != "" {
 			k.failed++
-			if r.Upstream == upstream {
+			if r.Connected() == upstream {
 				k.throughKilled++
 			}
 		}
@@ -407,8 +415,12 @@ func report(w0 io.Writer, c config, setups []*setup, sweep map[*setup][][]measur
 				for _, sc := range l.Scaled {
 					att = append(att, fmt.Sprintf("%.0f%%", 100*sc.Attainment))
 				}
-				fmt.Fprintf(w, "%s\t%d\t%g\t%.2f\t%d\t%s\t%s\t%s\t%s\t%.0f%%\t%.1f ms\t%s\t\n", s.Title, r+1, l.Rate, l.Achieved, l.Failed,
-					ms(l.TTFTp50ms), ms(l.TTFTp99ms), ms(l.FollowTTFTp50ms), ms(l.FollowTTFTp99ms), 100*l.FollowCached, l.TPOTp50ms, strings.Join(att, " / "))
+				cached := "not reported"
+				if l.FollowCached >= 0 {
+					cached = fmt.Sprintf("%.0f%%", 100*l.FollowCached)
+				}
+				fmt.Fprintf(w, "%s\t%d\t%g\t%.2f\t%d\t%s\t%s\t%s\t%s\t%s\t%.1f ms\t%s\t\n", s.Title, r+1, l.Rate, l.Achieved, l.Failed,
+					ms(l.TTFTp50ms), ms(l.TTFTp99ms), ms(l.FollowTTFTp50ms), ms(l.FollowTTFTp99ms), cached, l.TPOTp50ms, strings.Join(att, " / "))
 			}
 		}
 	}

@@ -27,10 +27,13 @@ func TestSortKill(t *testing.T) {
 		{Conversation: "f", Turn: 0, Start: before, Node: "node2"},
 		{Conversation: "f", Turn: 1, Start: after, Error: "refused"},
 		{Conversation: "f", Turn: 2, Start: after, TTFTms: 5},
+		// nginx tried the killed backend, then streamed from the other; and the other way.
+		{Conversation: "g", Turn: 0, Start: before, Upstream: "u2, u1", Error: "status 502"},
+		{Conversation: "h", Turn: 0, Start: before, Upstream: "u1, u2", Error: "unexpected EOF"},
 	}
 	k := sortKill(reqs, at, "node2", "u2")
-	if k.failed != 3 || k.throughKilled != 1 || k.resumed != 1 {
-		t.Errorf("failed %d, through the killed process %d, resumed %d; want 3, 1, 1", k.failed, k.throughKilled, k.resumed)
+	if k.failed != 5 || k.throughKilled != 2 || k.resumed != 1 {
+		t.Errorf("failed %d, through the killed process %d, resumed %d; want 5, 2, 1", k.failed, k.throughKilled, k.resumed)
 	}
 	if !slices.Equal(k.moved, []time.Duration{40 * time.Millisecond}) || k.movedPrompt != 100 || k.movedCached != 80 {
 		t.Errorf("the killed backend's follow-ups %v (prompt %d, cached %d), want [40ms] (100, 80)", k.moved, k.movedPrompt, k.movedCached)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"runtime"
 	"os"
 	"strings"
 	"text/tabwriter"
@@ -49,7 +50,7 @@ func runGoodput(g goodputConfig, loadgen, model string, rounds int, temperature 
 	if len(cal) != 1 || cal[0].PromptP50 == 0 {
 		return fmt.Errorf("calibration against %s: no prompt length in %+v", servers[0].name, cal)
 	}
-	ttft, tpot, err := measure.RawSLO(model, cal[0].PromptP50, g.raw)
+	ttft, tpot, err := measure.RawSLO(model, cal[0].PromptP50, runtime.NumCPU(), g.raw) // the threads both servers use
 	if err != nil {
 		return err
 	}

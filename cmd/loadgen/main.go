@@ -21,7 +21,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"net/http"
@@ -39,6 +38,7 @@ type result struct {
 	tokens            int
 	promptTokens      int    // as the server counted them
 	cachedTokens      int    // of them, those the server reported it had cached
+	cacheReported     bool   // whether it reported them at all (ollama does not)
 	resumed           int    // times the server resumed the stream elsewhere (infernode's SSE comment)
 	upstream          string // the X-Upstream header (a proxy's backend, as nginx's $upstream_addr)
 	node              string // the X-Infernode-Node header
@@ -255,8 +255,11 @@ func (t target) stream(client *http.Client, messages []map[string]string, sessio
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	var last time.Time
 	var text strings.Builder
-	done := false
+	done, lastLine := false, ""
 	for sc.Scan() {
+		if sc.Text() != "" {
+			lastLine = sc.Text()
+		}
 		if strings.HasPrefix(sc.Text(), ": infernode-resumed ") {
 			res.resumed++
 			continue
@@ -273,7 +276,7 @@ func (t target) stream(client *http.Client, messages []map[string]string, sessio
 			Usage   *struct {
 				PromptTokens        int `json:"prompt_tokens"`
 				CompletionTokens    int `json:"completion_tokens"`
-				PromptTokensDetails struct {
+				PromptTokensDetails *struct {
 					CachedTokens int `json:"cached_tokens"`
 				} `json:"prompt_tokens_details"`
 			}
@@ -289,7 +292,9 @@ func (t target) stream(client *http.Client, messages []map[string]string, sessio
 		}
 		if chunk.Usage != nil {
 			res.tokens, res.promptTokens = chunk.Usage.CompletionTokens, chunk.Usage.PromptTokens
-			res.cachedTokens = chunk.Usage.PromptTokensDetails.CachedTokens
+			if d := chunk.Usage.PromptTokensDetails; d != nil {
+				res.cachedTokens, res.cacheReported = d.CachedTokens, true
+			}
 		}
 		if len(chunk.Choices) > 0 && chunk.Choices[0].Delta.Content != "" {
 			text.WriteString(chunk.Choices[0].Delta.Content)
@@ -305,7 +310,8 @@ func (t target) stream(client *http.Client, messages []map[string]string, sessio
 	}
 	res.end, res.text = time.Now(), text.String()
 	if res.err = sc.Err(); res.err == nil && !done {
-		res.err = errors.New("the stream ended before [DONE]") // a server or proxy that died mid-answer
+		// A server or proxy that died mid-answer, or a server that ended it another way.
+		res.err = fmt.Errorf("the stream ended before [DONE] (%d bytes of text; its last line %.300q)", text.Len(), lastLine)
 	}
 	return res
 }

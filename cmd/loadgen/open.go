@@ -172,6 +172,7 @@ func summarizeOpen(rate float64, rs []result, duration, sloTTFT, sloTPOT time.Du
 	var ttft, tpot, gaps, follow []time.Duration
 	var prompts []int
 	var followPrompt, followCached int
+	cacheReported := false
 	for _, r := range rs {
 		l.Resumed += r.resumed
 		if r.err != nil || r.first.IsZero() {
@@ -185,12 +186,16 @@ func summarizeOpen(rate float64, rs []result, duration, sloTTFT, sloTPOT time.Du
 		if r.turn > 0 {
 			follow = append(follow, r.first.Sub(r.start))
 			followPrompt, followCached = followPrompt+r.promptTokens, followCached+r.cachedTokens
+			cacheReported = cacheReported || r.cacheReported
 		}
 	}
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	l.TTFTp50ms, l.TTFTp99ms = ms(measure.Percentile(ttft, 50)), ms(measure.Percentile(ttft, 99))
 	l.FollowTTFTp50ms, l.FollowTTFTp99ms = ms(measure.Percentile(follow, 50)), ms(measure.Percentile(follow, 99))
-	if followPrompt > 0 {
+	switch {
+	case !cacheReported:
+		l.FollowCached = -1
+	case followPrompt > 0:
 		l.FollowCached = float64(followCached) / float64(followPrompt)
 	}
 	l.TPOTp50ms, l.TPOTp99ms = ms(measure.Percentile(tpot, 50)), ms(measure.Percentile(tpot, 99))

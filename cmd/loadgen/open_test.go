@@ -125,12 +125,13 @@ func TestSLOScales(t *testing.T) {
 }
 
 // TestFollowUps: the follow-up percentiles and cached share count only second and later
-// turns that succeeded; resumes are summed over every request.
+// turns that succeeded; resumes are summed over every request; a server that reports no
+// cached tokens gets -1, not 0.
 func TestFollowUps(t *testing.T) {
 	at := time.Unix(0, 0)
 	req := func(turn int, ttft time.Duration, prompt, cached, resumed int) result {
 		return result{start: at, first: at.Add(ttft), end: at.Add(ttft), tokens: 1, turn: turn,
-			promptTokens: prompt, cachedTokens: cached, resumed: resumed}
+			promptTokens: prompt, cachedTokens: cached, cacheReported: true, resumed: resumed}
 	}
 	rs := []result{
 		req(0, 500*time.Millisecond, 50, 0, 0),
@@ -144,6 +145,12 @@ func TestFollowUps(t *testing.T) {
 	}
 	if l.FollowCached != 0.8 || l.Resumed != 2 {
 		t.Errorf("follow-ups cached %v, resumed %d; want 0.8, 2", l.FollowCached, l.Resumed)
+	}
+	for i := range rs {
+		rs[i].cacheReported = false
+	}
+	if l := summarizeOpen(1, rs, time.Second, time.Second, time.Second, nil); l.FollowCached != -1 {
+		t.Errorf("follow-ups cached %v from a server that reports none, want -1", l.FollowCached)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -86,7 +87,8 @@ type OpenLevel struct {
 	TPOTp99ms float64 `json:"tpot_p99_ms"`
 	ITLp99ms  float64 `json:"itl_p99_ms"`
 	// Follow-up turns (a conversation's second and later): their first token, and the
-	// share of their prompt tokens the server reported cached (0 from servers that do not).
+	// share of their prompt tokens the server reported cached (-1 when it reported none:
+	// ollama does not).
 	FollowTTFTp50ms float64  `json:"follow_ttft_p50_ms"`
 	FollowTTFTp99ms float64  `json:"follow_ttft_p99_ms"`
 	FollowCached    float64  `json:"follow_cached"`
@@ -113,12 +115,18 @@ type Request struct {
 }
 
 // Served is the backend that served r: the infernode node that says so, else the proxy's
-// backend.
+// backend (the last nginx tried: $upstream_addr lists them all, "a, b").
 func (r Request) Served() string {
 	if r.Node != "" {
 		return r.Node
 	}
-	return r.Upstream
+	return r.Connected()
+}
+
+// Connected is the backend the client's answer streamed through: the last one the proxy
+// tried.
+func (r Request) Connected() string {
+	return r.Upstream[strings.LastIndex(r.Upstream, " ")+1:]
 }
 
 // ReadRequests reads a --records file.

@@ -14,12 +14,14 @@ import (
 const AttainmentGoal = 0.9
 
 // RawSLO runs the session/llama test binary's BenchmarkRawFirstToken (llama.cpp alone, no
-// server) for a prompt of the given tokens on model, and returns its first token and its
-// decode step: the SLO that favours no server. raw is the command line that runs the
-// binary (a taskset prefix may pin it).
-func RawSLO(model string, prompt int, raw ...string) (ttft, tpot time.Duration, err error) {
+// server) for a prompt of the given tokens on model with the servers' threads, and returns
+// its first token and its decode step: the SLO that favours no server. raw is the command
+// line that runs the binary (a taskset prefix may pin it; pinned, threads must fit the
+// cores, or llama.cpp's spinning threads wait on each other).
+func RawSLO(model string, prompt, threads int, raw ...string) (ttft, tpot time.Duration, err error) {
 	cmd := exec.Command(raw[0], append(raw[1:], "-test.run", "^$", "-test.bench", "RawFirstToken/", "-test.benchtime", "10x")...)
-	cmd.Env = append(os.Environ(), "INFERNODE_BENCH_MODEL="+model, fmt.Sprintf("INFERNODE_RAW_PROMPT_TOKENS=%d", prompt))
+	cmd.Env = append(os.Environ(), "INFERNODE_BENCH_MODEL="+model, fmt.Sprintf("INFERNODE_RAW_PROMPT_TOKENS=%d", prompt),
+		fmt.Sprintf("INFERNODE_RAW_THREADS=%d", threads))
 	out, err := Output(cmd)
 	if err != nil {
 		return 0, 0, err

@@ -91,8 +91,8 @@ func BenchmarkRawDecode(b *testing.B) {
 // then one decode step of that sequence and its sample (step-ms). These are the latency
 // targets no server can beat on this machine; cmd/benchcompare's goodput mode takes its
 // SLOs from them, the same for every server, at the prompt length it asks for
-// (INFERNODE_RAW_PROMPT_TOKENS; unset, a few lengths). INFERNODE_BENCH_MODEL, 2 threads,
-// greedy.
+// (INFERNODE_RAW_PROMPT_TOKENS; unset, a few lengths). INFERNODE_BENCH_MODEL, 2 threads
+// (INFERNODE_RAW_THREADS: as many as the servers compared get), greedy.
 func BenchmarkRawFirstToken(b *testing.B) {
 	m := benchModel(b)
 	lengths := []int{32, 128, 512, 1024}
@@ -103,10 +103,18 @@ func BenchmarkRawFirstToken(b *testing.B) {
 		}
 		lengths = []int{n}
 	}
+	threads := 2
+	if v := os.Getenv("INFERNODE_RAW_THREADS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			b.Fatalf("INFERNODE_RAW_THREADS=%q: want 1 or more", v)
+		}
+		threads = n
+	}
 	words, _ := m.Tokenize(strings.Repeat(" river stone bridge garden", 1024), false, false)
 	for _, n := range lengths {
 		b.Run(fmt.Sprintf("tokens=%d", n), func(b *testing.B) {
-			c, err := NewContext(m, ContextParams{Cells: 4096, Sequences: 1, Batch: 2048, Threads: 2, Unified: true, FlashAttn: true})
+			c, err := NewContext(m, ContextParams{Cells: 4096, Sequences: 1, Batch: 2048, Threads: threads, Unified: true, FlashAttn: true})
 			if err != nil {
 				b.Fatal(err)
 			}
