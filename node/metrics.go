@@ -74,7 +74,7 @@ func newMetrics(stats func() infer.Stats) *metrics {
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.requests, m.ttft, m.itl, m.cancellations, m.turns, m.panics, m.capped,
 		gauge("infernode_running_sequences", "Requests being prefilled or decoded.", func(s infer.Stats) float64 { return float64(s.Running) }),
-		gauge("infernode_waiting_requests", "Requests queued for a sequence.", func(s infer.Stats) float64 { return float64(s.Waiting) }),
+		gauge("infernode_waiting_requests", "Requests queued for a sequence, parked ones included.", func(s infer.Stats) float64 { return float64(s.Waiting) }),
 		gauge("infernode_cached_conversations", "Idle conversations holding KV cells, replicas included.", func(s infer.Stats) float64 { return float64(s.Conversations) }),
 		gauge("infernode_prefill_tokens_per_second", "Prompt tokens prefilled a second at the recent load (gossiped: peers decide from it whether to move a conversation's KV here or let it be recomputed).",
 			func(s infer.Stats) float64 { return s.PrefillRate }),
@@ -87,6 +87,8 @@ func newMetrics(stats func() infer.Stats) *metrics {
 		counter("infernode_shared_prefix_tokens_total", "Prompt tokens served from the KV cells of another conversation that began the same way (a system prompt, a shared document) instead of prefilled.", func(s infer.Stats) float64 { return float64(s.SharedTokens) }),
 		counter("infernode_generated_tokens_total", "Generated tokens.", func(s infer.Stats) float64 { return float64(s.Generated) }),
 		counter("infernode_evictions_total", "Idle conversations evicted to make room.", func(s infer.Stats) float64 { return float64(s.Evictions) }),
+		counter("infernode_preemptions_total", "Batch requests (service_tier flex) parked, their KV copied out, to make room for interactive ones.", func(s infer.Stats) float64 { return float64(s.Preemptions) }),
+		gauge("infernode_parked_requests", "Batch requests parked now, to resume where they stopped (counted in infernode_waiting_requests too).", func(s infer.Stats) float64 { return float64(s.Parked) }),
 		counter("infernode_engine_refused_total", "Requests the engine refused as overloaded.", func(s infer.Stats) float64 { return float64(s.Refused) }),
 		counter("infernode_decode_steps_total", "Engine steps (llama_decode calls).", func(s infer.Stats) float64 { return float64(s.Steps) }),
 	)

@@ -431,50 +431,63 @@ func BenchmarkSharedPrefixBurst(b *testing.B) {
 }
 
 // BenchmarkBatchPriority: the first token of an interactive request (a 200-word prompt,
-// new each time) on an idle engine, beside 6 batch streams decoding, and beside 6
-// interactive ones; with the background's tokens a second (the spare capacity batch work
-// fills).
+// new each time) on an idle engine of 8 sequences, beside 6 batch streams decoding, and
+// beside 6 interactive ones; then of bursts of 3 such requests at once, where beside the
+// batch streams (which leave 2 sequences free) the third of each burst preempts one; with
+// the background's tokens a second (the spare capacity batch work fills) and the
+// preemptions a burst.
 func BenchmarkBatchPriority(b *testing.B) {
-	for _, bg := range []string{"idle", "batch", "interactive"} {
-		b.Run("background="+bg, func(b *testing.B) {
-			e := benchEngine(b, nil)
+	for _, bg := range []struct {
+		name                      string
+		batch, interactive, burst int
+	}{{"idle", 0, 0, 1}, {"batch", 6, 0, 1}, {"interactive", 0, 6, 1},
+		{"idle/burst=3", 0, 0, 3}, {"batch/burst=3", 6, 0, 3}, {"interactive/burst=3", 0, 6, 3}} {
+		b.Run("background="+bg.name, func(b *testing.B) {
+			e := benchEngine(b, func(c *Config) { c.Sequences = 8 })
 			ctx, cancel := context.WithCancel(context.Background())
 			var wg sync.WaitGroup
 			var generated sync.Map
-			if bg != "idle" {
-				for i := range 6 {
-					wg.Go(func() {
-						for k := 0; ctx.Err() == nil; k++ {
-							st, err := e.Submit(ctx, infer.Request{Prompt: fmt.Sprintf("background %d story %d", i, k), MaxTokens: 400,
-								Batch: bg == "batch", Sampling: infer.Sampling{TopP: 1}})
-							if err != nil {
-								time.Sleep(10 * time.Millisecond)
-								continue
-							}
-							_, res, _ := st.Collect()
-							v, _ := generated.LoadOrStore(i, new(int))
-							*v.(*int) += res.CompletionTokens
+			for i := range bg.batch + bg.interactive {
+				wg.Go(func() {
+					for k := 0; ctx.Err() == nil; k++ {
+						st, err := e.Submit(ctx, infer.Request{Prompt: fmt.Sprintf("background %d story %d", i, k), MaxTokens: 400,
+							Batch: i < bg.batch, Sampling: infer.Sampling{TopP: 1}})
+						if err != nil {
+							time.Sleep(10 * time.Millisecond)
+							continue
 						}
-					})
-				}
+						_, res, _ := st.Collect()
+						v, _ := generated.LoadOrStore(i, new(int))
+						*v.(*int) += res.CompletionTokens
+					}
+				})
+			}
+			if bg.batch+bg.interactive > 0 {
 				time.Sleep(2 * time.Second) // every stream decoding
 			}
 			var ttft []time.Duration
-			start := time.Now()
+			start, preempted, bursts := time.Now(), e.Stats().Preemptions, 0
 			for i := 0; b.Loop(); i++ {
-				prompt := fmt.Sprintf("%d %s", i, strings.Repeat("the quiet river runs past the old stone bridge ", 25))
-				st, err := e.Submit(context.Background(), infer.Request{Prompt: prompt, MaxTokens: 4, Sampling: infer.Sampling{TopP: 1}})
-				if err != nil {
-					b.Fatal(err)
+				var streams []*Stream
+				for k := range bg.burst {
+					prompt := fmt.Sprintf("%d.%d %s", i, k, strings.Repeat("the quiet river runs past the old stone bridge ", 25))
+					st, err := e.Submit(context.Background(), infer.Request{Prompt: prompt, MaxTokens: 4, Sampling: infer.Sampling{TopP: 1}})
+					if err != nil {
+						b.Fatal(err)
+					}
+					streams = append(streams, st)
 				}
-				_, res, err := st.Collect()
-				if err != nil {
-					b.Fatal(err)
+				for _, st := range streams {
+					_, res, err := st.Collect()
+					if err != nil {
+						b.Fatal(err)
+					}
+					ttft = append(ttft, res.FirstToken)
 				}
-				ttft = append(ttft, res.FirstToken)
+				bursts++
 				time.Sleep(200 * time.Millisecond) // arrivals, not a closed loop
 			}
-			took := time.Since(start)
+			took, preempted := time.Since(start), e.Stats().Preemptions-preempted
 			cancel()
 			wg.Wait()
 			tokens := 0
@@ -482,6 +495,7 @@ func BenchmarkBatchPriority(b *testing.B) {
 			b.ReportMetric(float64(measure.Percentile(ttft, 50).Milliseconds()), "ttft-p50-ms")
 			b.ReportMetric(float64(measure.Percentile(ttft, 99).Milliseconds()), "ttft-p99-ms")
 			b.ReportMetric(float64(tokens)/took.Seconds(), "background-tok/s")
+			b.ReportMetric(float64(preempted)/float64(bursts), "preemptions/burst")
 			b.ReportMetric(0, "ns/op")
 		})
 	}

@@ -44,6 +44,7 @@ type Engine struct {
 	// Engine-goroutine state.
 	slots   []*slot
 	jobs    []*job // admitted, in admission order
+	parked  []*job // batch requests preempted for interactive work, KV copied out; oldest first
 	tick    uint64 // step counter, the LRU clock
 	stalled int    // running requests the last step left waiting for cells to grow into
 
@@ -95,6 +96,11 @@ type job struct {
 	out      int                  // bytes of the generated tokens' pieces so far
 	scored   []int                // batch indexes of this step's prompt tokens whose logits score the next (PromptLogprobs)
 	prompted []infer.TokenLogprob // the prompt's tokens scored so far (PromptLogprobs)
+
+	// Set while preempted (see preempt): the slot's KV state and tokens, to install
+	// into another slot when the request resumes.
+	parkedState  []byte
+	parkedTokens []int32
 }
 
 // New loads the model and creates the context. It starts nothing: Run does the work.
@@ -214,7 +220,7 @@ func (e *Engine) Ready() bool { return e.ready.Load() }
 func (e *Engine) Stats() infer.Stats {
 	s := *e.stats.Load()
 	e.mu.Lock()
-	s.Waiting = len(e.waiting)
+	s.Waiting = len(e.waiting) + s.Parked
 	s.Refused += e.refused
 	e.mu.Unlock()
 	return s
@@ -435,9 +441,10 @@ func (e *Engine) shutdown() {
 	waiting := e.waiting
 	e.waiting = nil
 	e.mu.Unlock()
-	for _, j := range waiting {
+	for _, j := range append(waiting, e.parked...) {
 		e.finish(j, "", infer.ErrClosed)
 	}
+	e.parked = nil
 	for _, j := range slices.Clone(e.jobs) {
 		e.finish(j, "", infer.ErrClosed)
 	}
@@ -456,12 +463,13 @@ func (e *Engine) nextDeadline() <-chan time.Time {
 	return time.After(time.Until(oldest.submitted.Add(e.cfg.QueueTimeout)))
 }
 
-// expire ends running and waiting requests whose context is done, and waiting ones past
-// the queue timeout.
+// expire ends running, parked and waiting requests whose context is done, and waiting ones
+// past the queue timeout (a parked request was admitted: it has no queue timeout).
 func (e *Engine) expire(stats *infer.Stats) {
-	for _, j := range slices.Clone(e.jobs) {
+	for _, j := range slices.Concat(e.jobs, e.parked) {
 		if err := j.ctx.Err(); err != nil {
 			stats.Canceled++
+			e.parked = slices.DeleteFunc(e.parked, func(x *job) bool { return x == j })
 			e.finish(j, "", fmt.Errorf("%w: %w", infer.ErrCanceled, err))
 		}
 	}

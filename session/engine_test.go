@@ -748,3 +748,55 @@ func TestPrefixes(t *testing.T) {
 		t.Error("a prompt on another model matches what is held")
 	}
 }
+
+// TestPreemptionMatchesAlone: a batch request preempted for interactive work (its KV
+// copied out of llama.cpp's cache after a few tokens, and installed in another sequence
+// when the interactive requests are done) answers exactly as it does alone: on a real
+// pretrained model, llama2.c's reference continuation first. (300 tokens: this model
+// runs past its training length into text where one step batched with another request
+// can flip a greedy choice hundreds of tokens later.)
+func TestPreemptionMatchesAlone(t *testing.T) {
+	path := testenv.SharedModel(t, "stories260K.gguf")
+	e := startEngine(t, func(c *Config) { c.ModelPath, c.Sequences = path, 2 })
+	batch := greedy("b", "Once upon a time", 300)
+	batch.Batch = true
+	want, _ := generate(t, e, batch)
+	if !strings.HasPrefix(want, testenv.Stories260KOnceUponATime) {
+		t.Fatalf("alone: %q, want it to begin with llama2.c's reference %q", want, testenv.Stories260KOnceUponATime)
+	}
+	batch.SessionID = "b2" // not the first conversation's cache
+	b, err := e.Submit(t.Context(), batch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := b.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var interactive []*Stream
+	for _, key := range []string{"i1", "i2"} { // the second finds both sequences running
+		s, err := e.Submit(t.Context(), greedy(key, "One day, a little bird", 1000))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Recv(); err != nil {
+			t.Fatal(err)
+		}
+		interactive = append(interactive, s)
+	}
+	rest, res, err := b.Collect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range interactive {
+		if _, _, err := s.Collect(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := e.Stats().Preemptions; n != 1 {
+		t.Fatalf("%d preemptions, want 1 (did the batch request end before the interactive ones came?)", n)
+	}
+	if got += rest; got != want {
+		t.Errorf("preempted (%d tokens): %q\nalone: %q", res.CompletionTokens, got, want)
+	}
+}

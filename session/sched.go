@@ -21,8 +21,10 @@ import (
 // it, and running requests drain until it fits. Nothing is admitted while a running
 // request waits for cells to grow into: work already started comes first.
 //
-// Interactive requests go first; a batch request is admitted only when no interactive one
-// waits and a sequence would stay free after it (see infer.Request.Batch).
+// Interactive requests go first: one that finds no room preempts a running batch request
+// (see preempt) before it waits. Batch requests run only when no interactive one waits and
+// a sequence would stay free after them (see infer.Request.Batch): parked ones first, then
+// queued ones, oldest first.
 func (e *Engine) admit(stats *infer.Stats) {
 	if e.stalled > 0 {
 		return
@@ -31,12 +33,12 @@ func (e *Engine) admit(stats *infer.Stats) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	slices.SortStableFunc(e.waiting, func(a, b *job) int { return cmp.Compare(btoi(a.req.Batch), btoi(b.req.Batch)) })
-	for i := 0; i < len(e.waiting); {
+	for i := 0; i < len(e.waiting) && !e.waiting[i].req.Batch; {
 		j := e.waiting[i]
-		if j.req.Batch && (i > 0 || e.freeSlots() < 2) {
-			return // an interactive request waits, or would find no sequence free
-		}
 		p, ok := e.place(j)
+		if !ok && e.preempt(stats) {
+			continue // place it again, in the room the batch request left
+		}
 		if !ok {
 			if now.Sub(j.submitted) >= e.cfg.QueueTimeout/4 {
 				return
@@ -49,6 +51,102 @@ func (e *Engine) admit(stats *infer.Stats) {
 		e.start(j, p, stats)
 		e.mu.Lock()
 	}
+	if len(e.waiting) > 0 && !e.waiting[0].req.Batch {
+		return // an interactive request waits
+	}
+	for len(e.parked) > 0 && e.freeSlots() >= 2 {
+		j := e.parked[0]
+		p, ok := e.placeParked(j)
+		if !ok {
+			return
+		}
+		e.parked = e.parked[1:]
+		e.resume(j, p, stats)
+	}
+	for len(e.parked) == 0 && len(e.waiting) > 0 && e.freeSlots() >= 2 {
+		j := e.waiting[0]
+		p, ok := e.place(j)
+		if !ok {
+			return
+		}
+		e.waiting = e.waiting[1:]
+		e.mu.Unlock()
+		e.start(j, p, stats)
+		e.mu.Lock()
+	}
+}
+
+// preempt parks the running batch request holding the fewest cells, to make room for an
+// interactive one: its sequence's KV state is copied out and the sequence freed; its
+// sampler, text and stream stay as they are, and it resumes (see resume) where it stopped
+// when batch work may run again. The client sees a pause. preempt reports false when no
+// batch request runs, or as many are parked as the engine has sequences (parked state is
+// memory outside the KV cache: this bounds it by the cache's size).
+func (e *Engine) preempt(stats *infer.Stats) bool {
+	if len(e.parked) >= len(e.slots) {
+		return false
+	}
+	var victim *job
+	for _, j := range e.jobs {
+		if j.req.Batch && (victim == nil || len(j.slot.tokens) < len(victim.slot.tokens)) {
+			victim = j
+		}
+	}
+	if victim == nil {
+		return false
+	}
+	s := victim.slot
+	state, err := e.b.SeqState(s.seq, nil)
+	if err != nil {
+		e.log.Warn("preemption failed: the batch request runs on", "session", victim.req.SessionID, "err", err)
+		return false
+	}
+	victim.parkedState, victim.parkedTokens = state, slices.Clone(s.tokens)
+	e.jobs = slices.DeleteFunc(e.jobs, func(x *job) bool { return x == victim })
+	s.job, s.lastUsed, victim.slot = nil, e.tick, nil
+	e.drop(s)
+	e.parked = append(e.parked, victim)
+	stats.Preemptions++
+	e.log.Debug("batch request preempted", "session", victim.req.SessionID, "tokens", len(victim.parkedTokens), "state_bytes", len(state))
+	return true
+}
+
+// placeParked finds a slot and cells for a parked request, as place does for a new one.
+func (e *Engine) placeParked(j *job) (placement, bool) {
+	p := placement{slot: e.slotFor("")}
+	if p.slot == nil {
+		return p, false
+	}
+	var ok bool
+	p.evict, ok = e.roomFor(p.slot, j.claim, nil)
+	return p, ok
+}
+
+// resume installs a parked request's KV state at placement p and runs it again from the
+// token it stopped before.
+func (e *Engine) resume(j *job, p placement, stats *infer.Stats) {
+	for _, v := range p.evict {
+		e.drop(v)
+		stats.Evictions++
+	}
+	s := p.slot
+	if len(s.tokens) > 0 {
+		e.drop(s)
+		stats.Evictions++
+	}
+	state, tokens := j.parkedState, j.parkedTokens
+	j.parkedState, j.parkedTokens = nil, nil
+	if err := e.b.SetSeqState(s.seq, state); err != nil {
+		e.b.SeqRemove(s.seq, 0, -1)
+		e.finish(j, "", fmt.Errorf("resuming a preempted request: %w", err))
+		return
+	}
+	s.tokens = append(s.tokens[:0], tokens...)
+	s.key, s.job, s.replica, s.share, s.origin = j.req.SessionID, j, false, j.req.Share, infer.Local
+	e.hold(s.key)
+	j.slot = s
+	e.jobs = append(e.jobs, j)
+	e.log.Debug("batch request resumed", "session", j.req.SessionID, "seq", s.seq, "tokens", len(tokens))
 }
 
 func btoi(b bool) int {
@@ -626,6 +724,8 @@ func (e *Engine) finish(j *job, reason string, err error) {
 				j.stream.pushText(rest)
 			}
 		}
+	} else if j.sampler != nil { // parked
+		j.sampler.Free()
 	}
 	res := infer.Result{FinishReason: reason, PromptTokens: len(j.prompt), CachedTokens: j.cached,
 		CompletionTokens: j.gen, Total: now.Sub(j.submitted), Logprobs: j.logprobs, PromptLogprobs: j.prompted, Err: err}
@@ -690,7 +790,7 @@ func (e *Engine) logprob(row []float32, tok int32, top int) infer.TokenLogprob {
 // publishStats stores a snapshot of the counters and the slots' state for Stats.
 func (e *Engine) publishStats(counters *infer.Stats) {
 	s := *counters
-	s.Sequences, s.KVCells, s.Running = len(e.slots), e.cells, len(e.jobs)
+	s.Sequences, s.KVCells, s.Running, s.Parked = len(e.slots), e.cells, len(e.jobs), len(e.parked)
 	if e.b != nil {
 		for _, sl := range e.slots {
 			used := e.b.SeqPosMax(sl.seq) + 1

@@ -487,3 +487,85 @@ func TestFakeBatchPriority(t *testing.T) {
 		}
 	})
 }
+
+// TestFakePreemption: an interactive request that finds every sequence running preempts a
+// batch request rather than wait for it. The batch request's KV is copied out (the fake
+// refuses a token at a position its sequence does not reach, so a resume without it
+// fails), and it resumes when batch work may run again: its answer is the one it gives
+// alone. A parked request's client can still cancel it.
+func TestFakePreemption(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e, _, stop := startFake(t, func(c *Config) { c.Sequences = 2 })
+		defer stop()
+		submit := func(ctx context.Context, key string, n int, batch bool) *Stream {
+			st, err := e.Submit(ctx, infer.Request{SessionID: key, Prompt: "hello " + key, MaxTokens: n, Batch: batch, Sampling: infer.Greedy()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return st
+		}
+		first := func(st *Stream) string {
+			text, err := st.Recv()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return text
+		}
+		b := submit(t.Context(), "b", 300, true)
+		bText := first(b)
+		i1 := submit(t.Context(), "i1", 200, false) // the sequence kept free for interactive work
+		first(i1)
+		i2 := submit(t.Context(), "i2", 5, false) // none free: b is preempted
+		first(i2)
+		if st := statsUntil(e, func(s infer.Stats) bool { return s.Parked > 0 }); st.Preemptions != 1 || st.Parked != 1 || st.Waiting != 1 {
+			t.Errorf("an interactive request with every sequence running: %d preempted, %d parked, %d waiting; want 1, 1, 1",
+				st.Preemptions, st.Parked, st.Waiting)
+		}
+		for _, st := range []*Stream{i2, i1} {
+			if _, _, err := st.Collect(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		rest, res, err := b.Collect()
+		if err != nil {
+			t.Fatalf("the preempted request: %v", err)
+		}
+		if got, want := bText+rest, answer("hello b", 300); got != want || res.CompletionTokens != 300 {
+			t.Errorf("the preempted request's answer (%d tokens) differs from its answer alone:\n got %q\nwant %q", res.CompletionTokens, got, want)
+		}
+		if st := e.Stats(); st.Parked != 0 || st.Running != 0 {
+			t.Errorf("after: %d parked, %d running", st.Parked, st.Running)
+		}
+
+		// Parked, then canceled by its client: it ends with ErrCanceled, at once.
+		ctx, cancel := context.WithCancel(t.Context())
+		b = submit(ctx, "b2", 300, true)
+		first(b)
+		i1 = submit(t.Context(), "i3", 200, false)
+		first(i1)
+		i2 = submit(t.Context(), "i4", 200, false)
+		first(i2)
+		if st := statsUntil(e, func(s infer.Stats) bool { return s.Parked > 0 }); st.Parked != 1 {
+			t.Fatalf("%d parked, want 1", st.Parked)
+		}
+		cancel()
+		if _, _, err := b.Collect(); !errors.Is(err, infer.ErrCanceled) {
+			t.Errorf("a parked request canceled: %v, want ErrCanceled", err)
+		}
+		if st := statsUntil(e, func(s infer.Stats) bool { return s.Parked == 0 }); st.Parked != 0 || st.Running != 2 {
+			t.Errorf("after the cancel: %d parked, %d running; want 0, 2", st.Parked, st.Running)
+		}
+		i1.Collect()
+		i2.Collect()
+	})
+}
+
+// statsUntil polls the engine's stats (published after each step) until cond holds, for
+// at most a second of the bubble's virtual time, and returns the last.
+func statsUntil(e *Engine, cond func(infer.Stats) bool) infer.Stats {
+	for deadline := time.Now().Add(time.Second); ; time.Sleep(time.Millisecond) {
+		if st := e.Stats(); cond(st) || !time.Now().Before(deadline) {
+			return st
+		}
+	}
+}

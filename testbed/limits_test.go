@@ -1,6 +1,9 @@
 package testbed
 
 import (
+	"bufio"
+	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -97,4 +100,94 @@ func newPost(url, body, key string) (*http.Request, error) {
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Authorization", "Bearer "+key)
 	return req, nil
+}
+
+// TestPreemptFlex: on a node of two sequences, a flex (batch) completion streams; an
+// interactive one takes the free sequence and a second finds none: the flex one is
+// preempted (its KV copied out of llama.cpp's cache) rather than make it wait, resumes
+// when both are done, and its text is the one it gives alone (on a real pretrained model,
+// llama2.c's reference continuation first). The metrics count the preemption.
+func TestPreemptFlex(t *testing.T) {
+	c := launch(t, Config{Model: testenv.SharedModel(t, "stories260K.gguf"), Nodes: 1, Args: []string{"--sequences", "2"}})
+	if _, err := c.WaitRings(t.Context(), c.IDs(), 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	url := c.Nodes[0].URL()
+	flex := map[string]any{"prompt": "Once upon a time", "max_tokens": 300, "temperature": 0, "service_tier": "flex"}
+	want, err := streamCompletion(url, flex, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(want, testenv.Stories260KOnceUponATime) {
+		t.Fatalf("alone: %q, want llama2.c's reference %q first", want, testenv.Stories260KOnceUponATime)
+	}
+	var wg sync.WaitGroup
+	texts, errs := make([]string, 3), make([]error, 3)
+	for i, req := range []map[string]any{flex,
+		{"prompt": "One day, a little bird", "max_tokens": 1000, "temperature": 0},
+		{"prompt": "The little dog", "max_tokens": 1000, "temperature": 0}} {
+		first := make(chan struct{})
+		wg.Go(func() { texts[i], errs[i] = streamCompletion(url, req, first) })
+		select { // the next starts once this one streams
+		case <-first:
+		case <-t.Context().Done():
+			t.Fatal("no first token")
+		}
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+	}
+	if !strings.Contains(metrics(t, c.Nodes[0]), "infernode_preemptions_total 1\n") {
+		t.Errorf("no preemption counted (did the flex answer end before the interactive ones came?)")
+	}
+	if texts[0] != want {
+		t.Errorf("preempted: %q\nalone: %q", texts[0], want)
+	}
+}
+
+// streamCompletion streams a text completion and returns its text; first, when not nil,
+// is closed at its first text.
+func streamCompletion(url string, req map[string]any, first chan struct{}) (string, error) {
+	req["stream"] = true
+	body, _ := json.Marshal(req)
+	resp, err := client.Post(url+"/v1/completions", "application/json", strings.NewReader(string(body)))
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		return "", fmt.Errorf("status %d", resp.StatusCode)
+	}
+	var text strings.Builder
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok {
+			continue
+		}
+		if data == "[DONE]" {
+			return text.String(), nil
+		}
+		var ev struct {
+			Choices []struct{ Text string }
+			Error   *struct{ Message string }
+		}
+		if err := json.Unmarshal([]byte(data), &ev); err != nil {
+			return text.String(), err
+		}
+		if ev.Error != nil {
+			return text.String(), fmt.Errorf("error event: %s", ev.Error.Message)
+		}
+		if len(ev.Choices) > 0 && ev.Choices[0].Text != "" {
+			text.WriteString(ev.Choices[0].Text)
+			if first != nil {
+				close(first)
+				first = nil
+			}
+		}
+	}
+	return text.String(), fmt.Errorf("the stream ended before [DONE]: %v", sc.Err())
 }

@@ -27,8 +27,10 @@ type Request struct {
 	// Batch marks background work (OpenAI's "flex" service tier): it is admitted only when
 	// no interactive request waits and a sequence stays free for one, its prompt is
 	// prefilled after interactive prompts, its decoding pauses while an interactive prompt
-	// is prefilled, and the queue refuses it once half full, before any interactive request
-	// is refused. Interactive work keeps its latency; batch work fills what is left.
+	// is prefilled, an interactive request that finds no room preempts it (its KV copied
+	// out, to resume where it stopped), and the queue refuses it once half full, before any
+	// interactive request is refused. Interactive work keeps its latency; batch work fills
+	// what is left.
 	Batch bool
 	// Continue, if set, are tokens that follow the prompt's (an answer's tokens so far, when
 	// it resumes on another node): the engine appends them to the tokenized prompt as they
@@ -331,7 +333,8 @@ type Stream interface {
 type Stats struct {
 	Sequences      int // sequence slots
 	Running        int // requests being prefilled or decoded
-	Waiting        int // requests queued for admission
+	Waiting        int // requests queued for admission, parked ones included
+	Parked         int // batch requests preempted for interactive work, to resume (KV kept)
 	Conversations  int // idle conversations with cached KV, replicas included
 	Replicas       int // of them, copies kept for other nodes' conversations
 	KVCells        int // cells in the KV cache
@@ -342,6 +345,7 @@ type Stats struct {
 	SharedTokens   uint64 // prompt tokens whose cells another conversation with the same beginning held
 	Generated      uint64
 	Evictions      uint64 // idle conversations evicted to make room
+	Preemptions    uint64 // batch requests parked, their KV copied out, to make room for interactive ones
 	Canceled       uint64 // requests ended by their context
 	Refused        uint64 // requests refused as overloaded
 	Steps          uint64
