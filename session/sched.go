@@ -36,8 +36,13 @@ func (e *Engine) admit(stats *infer.Stats) {
 	for i := 0; i < len(e.waiting) && !e.waiting[i].req.Batch; {
 		j := e.waiting[i]
 		p, ok := e.place(j)
-		if !ok && e.preempt(stats) {
-			continue // place it again, in the room the batch request left
+		if !ok {
+			e.mu.Unlock() // Submit need not wait for the copy
+			preempted := e.preempt(stats)
+			e.mu.Lock()
+			if preempted {
+				continue // place it again, in the room the batch request left
+			}
 		}
 		if !ok {
 			if now.Sub(j.submitted) >= e.cfg.QueueTimeout/4 {
@@ -61,7 +66,9 @@ func (e *Engine) admit(stats *infer.Stats) {
 			return
 		}
 		e.parked = e.parked[1:]
+		e.mu.Unlock()
 		e.resume(j, p, stats)
+		e.mu.Lock()
 	}
 	for len(e.parked) == 0 && len(e.waiting) > 0 && e.freeSlots() >= 2 {
 		j := e.waiting[0]
