@@ -432,18 +432,27 @@ func BenchmarkSharedPrefixBurst(b *testing.B) {
 
 // BenchmarkBatchPriority: the first token of an interactive request (a 200-word prompt,
 // new each time) on an idle engine of 8 sequences, beside 6 batch streams decoding, and
-// beside 6 interactive ones; then of bursts of 3 such requests at once, where beside the
-// batch streams (which leave 2 sequences free) the third of each burst preempts one; with
-// the background's tokens a second (the spare capacity batch work fills) and the
-// preemptions a burst.
+// beside 6 interactive ones. Then of bursts of 3 short requests (a 12-word prompt) at once,
+// where beside the batch streams (which leave 2 sequences free) the third of each burst
+// preempts one, or without preemption (NoPreempt) waits for one to end; with the
+// background's tokens a second (the spare capacity batch work fills) and the preemptions
+// a burst.
 func BenchmarkBatchPriority(b *testing.B) {
+	long := strings.Repeat("the quiet river runs past the old stone bridge ", 25)
+	short := "the quiet river runs past the old stone bridge and the garden"
 	for _, bg := range []struct {
 		name                      string
 		batch, interactive, burst int
-	}{{"idle", 0, 0, 1}, {"batch", 6, 0, 1}, {"interactive", 0, 6, 1},
-		{"idle/burst=3", 0, 0, 3}, {"batch/burst=3", 6, 0, 3}, {"interactive/burst=3", 0, 6, 3}} {
+		noPreempt                 bool
+	}{{"idle", 0, 0, 1, false}, {"batch", 6, 0, 1, false}, {"interactive", 0, 6, 1, false},
+		{"idle/burst=3", 0, 0, 3, false}, {"batch/burst=3", 6, 0, 3, false},
+		{"batch-nopreempt/burst=3", 6, 0, 3, true}, {"interactive/burst=3", 0, 6, 3, false}} {
 		b.Run("background="+bg.name, func(b *testing.B) {
-			e := benchEngine(b, func(c *Config) { c.Sequences = 8 })
+			e := benchEngine(b, func(c *Config) { c.Sequences, c.NoPreempt = 8, bg.noPreempt })
+			probe := long
+			if bg.burst > 1 {
+				probe = short
+			}
 			ctx, cancel := context.WithCancel(context.Background())
 			var wg sync.WaitGroup
 			var generated sync.Map
@@ -470,7 +479,7 @@ func BenchmarkBatchPriority(b *testing.B) {
 			for i := 0; b.Loop(); i++ {
 				var streams []*Stream
 				for k := range bg.burst {
-					prompt := fmt.Sprintf("%d.%d %s", i, k, strings.Repeat("the quiet river runs past the old stone bridge ", 25))
+					prompt := fmt.Sprintf("%d.%d %s", i, k, probe)
 					st, err := e.Submit(context.Background(), infer.Request{Prompt: prompt, MaxTokens: 4, Sampling: infer.Sampling{TopP: 1}})
 					if err != nil {
 						b.Fatal(err)

@@ -55,6 +55,10 @@ type Config struct {
 	// QueueTimeout is how long a request may wait for admission before it is refused with
 	// ErrOverloaded. Default 30s.
 	QueueTimeout time.Duration
+	// NoPreempt keeps a batch request in its sequence until it ends, instead of parking it
+	// (its KV copied out, to resume later) for an interactive request that finds no room:
+	// the comparison BenchmarkBatchPriority makes. Default false.
+	NoPreempt bool
 	// Fingerprint identifies the model file and KV type in KV frames (see Export); only
 	// an engine with the same one imports them. Empty: computed by New (it reads the whole
 	// model file once).

@@ -90,7 +90,7 @@ func (e *Engine) admit(stats *infer.Stats) {
 // batch request runs, or as many are parked as the engine has sequences (parked state is
 // memory outside the KV cache: this bounds it by the cache's size).
 func (e *Engine) preempt(stats *infer.Stats) bool {
-	if len(e.parked) >= len(e.slots) {
+	if e.cfg.NoPreempt || len(e.parked) >= len(e.slots) {
 		return false
 	}
 	var victim *job

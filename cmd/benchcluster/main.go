@@ -60,7 +60,8 @@ type config struct {
 	rates                                         string
 	duration, killDuration                        time.Duration
 	killRate                                      float64
-	keep                                          bool
+	keep, kill                                    bool
+	infernodeArgs                                 string
 }
 
 func main() {
@@ -78,6 +79,8 @@ func main() {
 	flag.StringVar(&c.rates, "rates", "0.5,1,1.5,2", "request rates swept (a second, the whole cluster)")
 	flag.DurationVar(&c.duration, "rate-duration", 45*time.Second, "how long each rate runs")
 	flag.Float64Var(&c.killRate, "kill-rate", 1, "request rate of the kill runs")
+	flag.StringVar(&c.infernodeArgs, "infernode-args", "", "more flags for every infernode node (for an A/B: --replicas 0, ...)")
+	flag.BoolVar(&c.kill, "kill", true, "run the kill runs after the sweep")
 	flag.BoolVar(&c.keep, "keep", false, "keep the work directory (logs, nginx.conf, the kill runs' records); kept anyway on an error")
 	flag.DurationVar(&c.killDuration, "kill-duration", 60*time.Second, "length of a kill run: the last backend is killed half-way")
 	flag.Parse()
@@ -130,7 +133,7 @@ func run(c config) (err error) {
 	// infernode: a cluster of nodes, node i pinned to core i.
 	cluster, err := testbed.Start(ctx, testbed.Config{Binary: c.infernode, Model: c.model, Nodes: c.nodes, Pin: true,
 		HTTPPort: infernodePort, GossipPort: gossipPort, LogDir: filepath.Join(work, "infernode"),
-		Args: []string{"--threads", "1", "--sequences", fmt.Sprint(c.parallel), "--ctx", fmt.Sprint(c.cells)}})
+		Args: append([]string{"--threads", "1", "--sequences", fmt.Sprint(c.parallel), "--ctx", fmt.Sprint(c.cells)}, strings.Fields(c.infernodeArgs)...)})
 	if err != nil {
 		return err
 	}
@@ -207,6 +210,9 @@ func run(c config) (err error) {
 	}
 	kills := map[*setup]killResult{}
 	for _, s := range setups {
+		if !c.kill {
+			break
+		}
 		fmt.Fprintf(os.Stderr, "kill: %s\n", s.Title)
 		if kills[s], err = killRun(ctx, c, work, s, slo); err != nil {
 			return fmt.Errorf("kill run of %s: %w", s.Title, err)
@@ -463,6 +469,9 @@ func report(w0 io.Writer, c config, setups []*setup, sweep map[*setup][][]measur
 		return err
 	}
 
+	if !c.kill {
+		return nil
+	}
 	fmt.Fprintf(w0, "\nthe last backend SIGKILLed half-way through %v at %g requests a second (goal: no failed answers, against nginx's)\n", c.killDuration, c.killRate)
 	w = tabwriter.NewWriter(w0, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(w, "setup\trequests\tfailed\tof them through the killed process\tresumed\tits conversations' follow-ups after\ttheir TTFT p50\tcached\tother follow-ups' TTFT p50\t")
