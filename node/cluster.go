@@ -37,10 +37,10 @@ type Cluster interface {
 	// their turns end; once it is over (drained true) whatever has not moved yet.
 	Leave(ctx context.Context, drained bool)
 	// TakeKV installs a conversation's KV frame a peer pushed; GiveKV answers a peer's
-	// pull (its hop's nonce) with one, to be released after writing, the answer's
-	// signature set with sign.
+	// pull (its hop's nonce and minor version) with one, to be released after writing,
+	// the answer's signature set with sign.
 	TakeKV(ctx context.Context, frame []byte, origin infer.Origin, from string) (infer.Imported, error)
-	GiveKV(ctx context.Context, key, peer, nonce string, sign func(name, value string)) (infer.Frame, error)
+	GiveKV(ctx context.Context, key, peer, nonce string, minor int, sign func(name, value string)) (infer.Frame, error)
 	// Stored keeps the Responses API's stored responses with their conversations.
 	Stored() *stored.Keeper
 	// Quota holds tenants to their rate limits, cluster-wide.
@@ -113,7 +113,7 @@ func (standalone) Leave(context.Context, bool)           {}
 func (standalone) TakeKV(context.Context, []byte, infer.Origin, string) (infer.Imported, error) {
 	return infer.Imported{}, errStandalone
 }
-func (standalone) GiveKV(context.Context, string, string, string, func(string, string)) (infer.Frame, error) {
+func (standalone) GiveKV(context.Context, string, string, string, int, func(string, string)) (infer.Frame, error) {
 	return nil, errStandalone
 }
 func (s standalone) Stored() *stored.Keeper { return s.stored }

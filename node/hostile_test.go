@@ -3,8 +3,6 @@ package node
 import (
 	"bufio"
 	"bytes"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"io"
 	"net"
@@ -156,15 +154,17 @@ func TestKVBodyLimit(t *testing.T) {
 	nodes := startFakeCluster(t, 2, testSecret)
 	target := nodes[1]
 	body := make([]byte, 5<<20) // over the 4 MiB of an API request
-	sum := sha256.Sum256(body)
-	post := func(path string, signer *hop.Auth, hash bool) int {
+	post := func(path string, signer *hop.Auth, hash bool, blake3 bool) int {
 		req, _ := http.NewRequest("POST", target.url+path, bytes.NewReader(body))
 		req.Header.Set("Content-Type", "application/octet-stream")
-		if hash {
-			req.Header.Set(hop.HeaderBodyHash, hex.EncodeToString(sum[:]))
-		}
+		sum := hop.SumOf(body, blake3)
 		if signer != nil {
 			signer.SignHash(req.Header.Set, "POST", path, "n2", sum)
+		}
+		if hash {
+			req.Header.Set(sum.Header(), sum.Hex())
+		} else {
+			req.Header.Del(sum.Header())
 		}
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
@@ -176,14 +176,17 @@ func TestKVBodyLimit(t *testing.T) {
 	peer := hop.NewAuth("n1", testSecret, nil, time.Now, 30*time.Second)
 	forger := hop.NewAuth("n1", []byte("not the cluster secret at all!!!"), nil, time.Now, 30*time.Second)
 	// The fake engine refuses every frame (400): reaching it means the body was read.
-	if status := post(hop.KVPath, peer, true); status != 400 {
-		t.Errorf("a signed 5 MiB frame: status %d, want it read (400 from the fake engine)", status)
+	for _, blake3 := range []bool{false, true} {
+		if status := post(hop.KVPath, peer, true, blake3); status != 400 {
+			t.Errorf("a signed 5 MiB frame (BLAKE3 %v): status %d, want it read (400 from the fake engine)", blake3, status)
+		}
 	}
 	for name, status := range map[string]int{
-		"forged":       post(hop.KVPath, forger, true),
-		"without hash": post(hop.ReplicaPath, peer, false),
-		"unsigned":     post(hop.KVPath, nil, true),
-		"API":          post("/v1/completions", nil, false),
+		"forged":         post(hop.KVPath, forger, true, false),
+		"forged, BLAKE3": post(hop.KVPath, forger, true, true),
+		"without hash":   post(hop.ReplicaPath, peer, false, true),
+		"unsigned":       post(hop.KVPath, nil, true, false),
+		"API":            post("/v1/completions", nil, false, false),
 	} {
 		if status != 413 && status != 0 {
 			t.Errorf("%s, 5 MiB: status %d, want 413 before the body is read", name, status)

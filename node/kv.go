@@ -53,7 +53,7 @@ func (s *Server) handlePull(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	frame, err := s.cluster.GiveKV(s.base, string(ctx.PostBody()), string(ctx.Request.Header.Peek(hop.HeaderFrom)),
-		string(ctx.Request.Header.Peek(hop.HeaderNonce)), ctx.Response.Header.Set)
+		string(ctx.Request.Header.Peek(hop.HeaderNonce)), hop.MinorOf(string(ctx.Request.Header.Peek(hop.HeaderVersion))), ctx.Response.Header.Set)
 	switch {
 	case errors.Is(err, kvmove.ErrNotHeld):
 		ctx.SetStatusCode(fasthttp.StatusNotFound)

@@ -8,13 +8,71 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/zeebo/blake3"
+
 	"github.com/infernode/infernode/session/infer"
 )
+
+// A Sum is the hash of a hop's body that its signature covers: SHA-256, or, since 1.9,
+// BLAKE3-256 (a KV frame is hashed twice a transfer, once at each end, and BLAKE3 runs
+// several times faster than SHA-256 on one core: see docs/BENCHMARKS.md). A signature
+// covers the name of the hash too, so one of either kind cannot pass for the other.
+type Sum struct {
+	BLAKE3 bool
+	Hash   [32]byte
+}
+
+// NewHash returns the hash a Sum of the kind is taken with.
+func NewHash(useBLAKE3 bool) hash.Hash {
+	if useBLAKE3 {
+		return blake3.New()
+	}
+	return sha256.New()
+}
+
+// SumOf is body's Sum of the kind.
+func SumOf(body []byte, useBLAKE3 bool) Sum {
+	if useBLAKE3 {
+		return Sum{BLAKE3: true, Hash: blake3.Sum256(body)}
+	}
+	return Sum{Hash: sha256.Sum256(body)}
+}
+
+// SumFrom is the Sum h (made by NewHash) has taken.
+func SumFrom(h hash.Hash) Sum {
+	_, b3 := h.(*blake3.Hasher)
+	return Sum{BLAKE3: b3, Hash: [32]byte(h.Sum(nil))}
+}
+
+// Header is the header that carries the sum: HeaderBodyHash or HeaderBodyBLAKE3.
+func (s Sum) Header() string {
+	if s.BLAKE3 {
+		return HeaderBodyBLAKE3
+	}
+	return HeaderBodyHash
+}
+
+// Hex is the sum as its header carries it.
+func (s Sum) Hex() string { return hex.EncodeToString(s.Hash[:]) }
+
+// signed is the sum as a signature covers it: the SHA-256's hex, as since 1.0, or
+// "blake3:" and the hex.
+func (s Sum) signed() string {
+	if s.BLAKE3 {
+		return "blake3:" + s.Hex()
+	}
+	return s.Hex()
+}
+
+// usesBLAKE3 reports whether a hop's or an answer's body was hashed with BLAKE3: it says
+// so with HeaderBodyBLAKE3 (whose value the signature checks, not this).
+func usesBLAKE3(header func(string) string) bool { return header(HeaderBodyBLAKE3) != "" }
 
 // Errors of the receiving end. Test with errors.Is.
 var (
@@ -64,7 +122,7 @@ func checkVersion(v string) error {
 
 // Auth signs this node's hops and verifies those addressed to it, with the cluster secret.
 // A hop's signature covers its method, path, sender, destination, protocol version,
-// timestamp, nonce and the SHA-256 of its body; a receiver refuses a timestamp more than
+// timestamp, nonce and the Sum of its body; a receiver refuses a timestamp more than
 // maxSkew from its clock and any nonce it has seen within that window.
 type Auth struct {
 	self    string
@@ -90,11 +148,17 @@ func NewAuth(self string, key []byte, accept [][]byte, now func() time.Time, max
 
 // Sign sets the hop headers of a request from this node to dest.
 func (a *Auth) Sign(set func(name, value string), method, path, dest string, body []byte) {
-	a.SignHash(set, method, path, dest, sha256.Sum256(body))
+	a.sign(set, method, path, dest, SumOf(body, false))
 }
 
-// SignHash is Sign for a body of which only the SHA-256 is at hand.
-func (a *Auth) SignHash(set func(name, value string), method, path, dest string, body [32]byte) {
+// SignHash is Sign for a body of which only the Sum is at hand (a KV frame pushed); it
+// sets the header that carries the sum too.
+func (a *Auth) SignHash(set func(name, value string), method, path, dest string, body Sum) {
+	set(body.Header(), body.Hex())
+	a.sign(set, method, path, dest, body)
+}
+
+func (a *Auth) sign(set func(name, value string), method, path, dest string, body Sum) {
 	self := a.self
 	ts := strconv.FormatInt(a.now().UnixMilli(), 10)
 	var n [16]byte
@@ -111,10 +175,10 @@ func (a *Auth) SignHash(set func(name, value string), method, path, dest string,
 	}
 }
 
-// mac is the signature of a hop whose body has the SHA-256 sum.
-func mac(key []byte, method, path, from, to, version, ts, nonce string, sum [32]byte) []byte {
+// mac is the signature of a hop whose body has the sum.
+func mac(key []byte, method, path, from, to, version, ts, nonce string, sum Sum) []byte {
 	m := hmac.New(sha256.New, key)
-	for _, part := range []string{"infernode-hop", method, path, from, to, version, ts, nonce, hex.EncodeToString(sum[:])} {
+	for _, part := range []string{"infernode-hop", method, path, from, to, version, ts, nonce, sum.signed()} {
 		m.Write([]byte(part))
 		m.Write([]byte{'\n'})
 	}
@@ -122,27 +186,34 @@ func mac(key []byte, method, path, from, to, version, ts, nonce string, sum [32]
 }
 
 // Preverify checks, when only a hop's headers have arrived, the signature over the body's
-// SHA-256 the sender claims (HeaderBodyHash): a body may be allowed a larger size only
-// then. It records nothing (Authenticate does, over the body itself), and refuses a nonce
-// already seen, so a replayed hop gets no larger limit either.
+// Sum the sender claims (HeaderBodyHash or HeaderBodyBLAKE3): a body may be allowed a
+// larger size only then. It records nothing (Authenticate does, over the body itself),
+// and refuses a nonce already seen, so a replayed hop gets no larger limit either.
 func (a *Auth) Preverify(method, path string, header func(string) string) error {
-	claimed, err := hex.DecodeString(header(HeaderBodyHash))
-	if err != nil || len(claimed) != sha256.Size {
+	sum := Sum{BLAKE3: usesBLAKE3(header)}
+	claimed, err := hex.DecodeString(header(sum.Header()))
+	if err != nil || len(claimed) != len(sum.Hash) {
 		return fmt.Errorf("%w: no body hash", ErrUnauthorized)
 	}
+	sum.Hash = [32]byte(claimed)
 	in := Inbound{Method: method, Path: path, Header: header}
-	if err := a.check(in, [32]byte(claimed), false); err != nil {
+	if err := a.check(in, sum, false); err != nil {
 		return err
 	}
 	return checkVersion(header(HeaderVersion))
 }
 
 // verify checks a hop addressed to this node and records its nonce.
-func (a *Auth) verify(in Inbound) error { return a.check(in, sha256.Sum256(in.Body), true) }
+func (a *Auth) verify(in Inbound) error {
+	if len(a.keys) == 0 {
+		return nil
+	}
+	return a.check(in, SumOf(in.Body, usesBLAKE3(in.Header)), true)
+}
 
-// check checks a hop addressed to this node whose body has the SHA-256 sum; record
-// remembers its nonce (a check that records nothing still refuses one seen).
-func (a *Auth) check(in Inbound, sum [32]byte, record bool) error {
+// check checks a hop addressed to this node whose body has the sum; record remembers its
+// nonce (a check that records nothing still refuses one seen).
+func (a *Auth) check(in Inbound, sum Sum, record bool) error {
 	self := a.self
 	if len(a.keys) == 0 {
 		return nil
@@ -197,27 +268,32 @@ func (a *Auth) check(in Inbound, sum [32]byte, record bool) error {
 }
 
 // SignAnswer sets the signature of an answer from this node to asker's hop whose nonce was
-// nonce, for a body of which the SHA-256 is at hand: an answer a node acts on (a KV frame
-// it installs) is bound to what it asked, so it can be neither forged nor swapped for the
-// answer to another request.
-func (a *Auth) SignAnswer(set func(name, value string), path, asker, nonce string, body [32]byte) {
+// nonce, for a body of which the Sum is at hand: an answer a node acts on (a KV frame it
+// installs) is bound to what it asked, so it can be neither forged nor swapped for the
+// answer to another request. A BLAKE3 sum is also set in its header, which tells the
+// asker which hash to check (a SHA-256 one is not: askers before 1.9 know no other).
+func (a *Auth) SignAnswer(set func(name, value string), path, asker, nonce string, body Sum) {
+	if body.BLAKE3 {
+		set(HeaderBodyBLAKE3, body.Hex())
+	}
 	if len(a.keys) > 0 {
 		set(HeaderSignature, hex.EncodeToString(answerMAC(a.keys[0], path, a.self, asker, nonce, body)))
 	}
 }
 
 // VerifyAnswer checks the signature (header) of from's answer to this node's hop whose
-// nonce was nonce, for a body with the SHA-256 body.
-func (a *Auth) VerifyAnswer(header func(string) string, path, from, nonce string, body [32]byte) error {
+// nonce was nonce, over its body.
+func (a *Auth) VerifyAnswer(header func(string) string, path, from, nonce string, body []byte) error {
 	if len(a.keys) == 0 {
 		return nil
 	}
+	sum := SumOf(body, usesBLAKE3(header))
 	sig, err := hex.DecodeString(header(HeaderSignature))
 	if err != nil || len(sig) == 0 {
 		return fmt.Errorf("%w: answer from %s not signed", ErrUnauthorized, from)
 	}
 	for _, k := range a.keys {
-		if hmac.Equal(sig, answerMAC(k, path, from, a.self, nonce, body)) {
+		if hmac.Equal(sig, answerMAC(k, path, from, a.self, nonce, sum)) {
 			return nil
 		}
 	}
@@ -226,9 +302,9 @@ func (a *Auth) VerifyAnswer(header func(string) string, path, from, nonce string
 
 // answerMAC is the signature of an answer: its own label, so that no request's signature
 // passes for an answer's.
-func answerMAC(key []byte, path, from, to, nonce string, sum [32]byte) []byte {
+func answerMAC(key []byte, path, from, to, nonce string, sum Sum) []byte {
 	m := hmac.New(sha256.New, key)
-	for _, part := range []string{"infernode-hop-answer", path, from, to, nonce, hex.EncodeToString(sum[:])} {
+	for _, part := range []string{"infernode-hop-answer", path, from, to, nonce, sum.signed()} {
 		m.Write([]byte(part))
 		m.Write([]byte{'\n'})
 	}

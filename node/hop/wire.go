@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 
 	"github.com/infernode/infernode/session/infer"
 )
@@ -58,7 +59,9 @@ const (
 	// 1.8: a request may ask for the owner's response cache (cache_answer; an older owner
 	// computes the answer), and an answer's end says it came from there; a pull's answer
 	// declares its frame's size (HeaderFrameBytes).
-	Minor = 8
+	// 1.9: a KV frame's signature may cover its BLAKE3-256 instead of its SHA-256 (see
+	// Sum): a node pushes one so to peers of 1.9, and answers a pull of a 1.9 node so.
+	Minor = 9
 
 	// MinorStored is the least minor version that keeps stored responses, MinorQuota
 	// rate-limit buckets.
@@ -67,6 +70,8 @@ const (
 
 	// MinorSignedPull is the least minor version whose pull answers are signed.
 	MinorSignedPull = 5
+	// MinorBLAKE3 is the least minor version that checks a KV frame's BLAKE3 (Sum).
+	MinorBLAKE3 = 9
 
 	HeaderVersion   = "X-Infernode-Hop-Version" // "major.minor"
 	HeaderFrom      = "X-Infernode-Hop"         // the entry node's id
@@ -78,6 +83,9 @@ const (
 	// covers it, so the receiver can check the signature when the headers arrive, and only
 	// then accept a body larger than an API request's.
 	HeaderBodyHash = "X-Infernode-Body-SHA256"
+	// HeaderBodyBLAKE3 is, since 1.9, the hex BLAKE3-256 of a KV frame pushed or answering
+	// a pull, in place of HeaderBodyHash (see Sum).
+	HeaderBodyBLAKE3 = "X-Infernode-Body-BLAKE3"
 	// HeaderKVWhy says KVWhyLeaving on a frame its owner pushes as it leaves the cluster
 	// (a hand-off), so the next turn can say how its cache came (SourceHeader).
 	HeaderKVWhy  = "X-Infernode-KV-Why"
@@ -99,6 +107,16 @@ const (
 	// forwarded once. Anything more breaks the one-hop rule.
 	HopsHeader = "X-Infernode-Hops"
 )
+
+// MinorOf is the minor version of a HeaderVersion value ("major.minor"), or -1.
+func MinorOf(version string) int {
+	_, minor, ok := strings.Cut(version, ".")
+	n, err := strconv.Atoi(minor)
+	if !ok || err != nil {
+		return -1
+	}
+	return n
+}
 
 // Versions are the major versions of the hop protocol this node speaks, as gossiped.
 var Versions = []int{Major}

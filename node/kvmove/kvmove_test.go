@@ -3,7 +3,6 @@ package kvmove
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"errors"
 	"io"
 	"log/slog"
@@ -52,10 +51,14 @@ func (f *fakeRing) Happened(string, string, string) {}
 type fakeLocal struct {
 	mu     sync.Mutex
 	frames []string
+	held   infer.Frame // what a snapshot gives (nil: nothing held)
 }
 
 func (l *fakeLocal) Snapshot(context.Context, string) (infer.Frame, error) {
-	return nil, infer.ErrNotCached
+	if l.held == nil {
+		return nil, infer.ErrNotCached
+	}
+	return l.held, nil
 }
 func (l *fakeLocal) Import(_ context.Context, b []byte, _ infer.Origin, want string) (infer.Imported, error) {
 	if want != "" && string(b) != "frame of "+want {
@@ -79,6 +82,7 @@ type peer struct {
 	auth   *hop.Auth
 	mu     sync.Mutex
 	took   []string
+	hashes []string                                       // the hash each frame pushed was signed over: "SHA-256" or "BLAKE3"
 	answer func(key, nonce string, w http.ResponseWriter) // nil: the honest answer
 }
 
@@ -92,6 +96,11 @@ func startPeer(t *testing.T, id string) *peer {
 		}
 		p.mu.Lock()
 		p.took = append(p.took, r.URL.Path)
+		if r.Header.Get(hop.HeaderBodyBLAKE3) != "" {
+			p.hashes = append(p.hashes, "BLAKE3")
+		} else if r.Header.Get(hop.HeaderBodyHash) != "" {
+			p.hashes = append(p.hashes, "SHA-256")
+		}
 		p.mu.Unlock()
 		if r.URL.Path == hop.PullPath {
 			nonce := r.Header.Get(hop.HeaderNonce)
@@ -100,7 +109,7 @@ func startPeer(t *testing.T, id string) *peer {
 				return
 			}
 			frame := []byte("frame of " + string(body))
-			p.auth.SignAnswer(w.Header().Set, hop.PullPath, r.Header.Get(hop.HeaderFrom), nonce, sha256.Sum256(frame))
+			p.auth.SignAnswer(w.Header().Set, hop.PullPath, r.Header.Get(hop.HeaderFrom), nonce, hop.SumOf(frame, false))
 			w.Header().Set(hop.HeaderFrameBytes, strconv.Itoa(len(frame)))
 			w.Write(frame)
 		}
@@ -187,6 +196,40 @@ func TestPushes(t *testing.T) {
 	}
 	if _, err := m2.PushFrame(t.Context(), "moved", memFrame{testFrame{10, 1}}, ToOwner); err == nil || !strings.Contains(err.Error(), "push KV to d") {
 		t.Errorf("push signed with another key: %v, want refused by d", err)
+	}
+}
+
+// TestHashByVersion: a frame is signed over its BLAKE3 for a peer of hop 1.9 or later and
+// over its SHA-256 for an older one, which knows no other hash; pushed (the peer checks
+// the signature, as a node does) and answering a pull (the asker checks it).
+func TestHashByVersion(t *testing.T) {
+	b, c := startPeer(t, "b"), startPeer(t, "c")
+	c.Minor = hop.MinorBLAKE3 - 1
+	ring := &fakeRing{heirs: []Peer{b.Peer, c.Peer}}
+	m := newMover(t, ring, &fakeLocal{}, func(c *Config) { c.Replicas = 2 })
+	if sent, err := m.PushFrame(t.Context(), "k", memFrame{testFrame{1000, 10}}, Replica); err != nil || len(sent) != 2 {
+		t.Fatalf("pushed to %v: %v", sent, err)
+	}
+	if !slices.Equal(b.hashes, []string{"BLAKE3"}) || !slices.Equal(c.hashes, []string{"SHA-256"}) {
+		t.Errorf("frames signed over %v for hop 1.%d, %v for 1.%d; want BLAKE3, SHA-256", b.hashes, b.Minor, c.hashes, c.Minor)
+	}
+
+	giver := newMover(t, ring, &fakeLocal{held: testFrame{1000, 10}}, nil)
+	asker := hop.NewAuth("b", key, nil, time.Now, 30*time.Second)
+	for _, minor := range []int{hop.MinorBLAKE3, hop.MinorBLAKE3 - 1} {
+		h := http.Header{}
+		frame, err := giver.Give(t.Context(), "k", "b", "n0", minor, h.Set)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var body bytes.Buffer
+		frame.WriteTo(&body)
+		if blake3 := h.Get(hop.HeaderBodyBLAKE3) != ""; blake3 != (minor >= hop.MinorBLAKE3) {
+			t.Errorf("a pull of hop 1.%d answered over BLAKE3: %v", minor, blake3)
+		}
+		if err := asker.VerifyAnswer(h.Get, hop.PullPath, "a", "n0", body.Bytes()); err != nil {
+			t.Errorf("a pull of hop 1.%d: %v", minor, err)
+		}
 	}
 }
 
@@ -328,23 +371,23 @@ func TestPullAnswerBound(t *testing.T) {
 		"unsigned": func(key, _ string, w http.ResponseWriter) { w.Write([]byte("frame of " + key)) },
 		"signed for another pull": func(key, _ string, w http.ResponseWriter) {
 			f := []byte("frame of " + key)
-			b.auth.SignAnswer(w.Header().Set, hop.PullPath, "a", strings.Repeat("ab", 16), sha256.Sum256(f))
+			b.auth.SignAnswer(w.Header().Set, hop.PullPath, "a", strings.Repeat("ab", 16), hop.SumOf(f, false))
 			w.Write(f)
 		},
 		"signed with another key": func(key, nonce string, w http.ResponseWriter) {
 			f := []byte("frame of " + key)
-			other.SignAnswer(w.Header().Set, hop.PullPath, "a", nonce, sha256.Sum256(f))
+			other.SignAnswer(w.Header().Set, hop.PullPath, "a", nonce, hop.SumOf(f, false))
 			w.Write(f)
 		},
 		"shorter than it says": func(key, nonce string, w http.ResponseWriter) {
 			f := []byte("frame of " + key)
-			b.auth.SignAnswer(w.Header().Set, hop.PullPath, "a", nonce, sha256.Sum256(f))
+			b.auth.SignAnswer(w.Header().Set, hop.PullPath, "a", nonce, hop.SumOf(f, false))
 			w.Header().Set(hop.HeaderFrameBytes, strconv.Itoa(len(f)+1))
 			w.Write(f)
 		},
 		"another conversation": func(_, nonce string, w http.ResponseWriter) {
 			f := []byte("frame of someone-else")
-			b.auth.SignAnswer(w.Header().Set, hop.PullPath, "a", nonce, sha256.Sum256(f))
+			b.auth.SignAnswer(w.Header().Set, hop.PullPath, "a", nonce, hop.SumOf(f, false))
 			w.Write(f)
 		},
 	} {
@@ -370,7 +413,7 @@ func TestPullTimeout(t *testing.T) {
 	b.answer = func(key, nonce string, w http.ResponseWriter) {
 		time.Sleep(200 * time.Millisecond) // a slow link
 		f := []byte("frame of " + key)
-		b.auth.SignAnswer(w.Header().Set, hop.PullPath, "a", nonce, sha256.Sum256(f))
+		b.auth.SignAnswer(w.Header().Set, hop.PullPath, "a", nonce, hop.SumOf(f, false))
 		w.Write(f)
 	}
 	local := &fakeLocal{}

@@ -2,8 +2,6 @@ package kvmove
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -412,7 +410,7 @@ func (b *frameBody) Close() error {
 func (m *Mover) send(ctx context.Context, p Peer, path string, frame infer.Frame, why Why) error {
 	ctx, cancel := context.WithTimeout(ctx, m.cfg.Timeout)
 	defer cancel()
-	hash := sha256.New()
+	hash := hop.NewHash(p.Minor >= hop.MinorBLAKE3)
 	if _, err := frame.WriteTo(hash); err != nil {
 		return err
 	}
@@ -441,12 +439,10 @@ func (m *Mover) send(ctx context.Context, p Peer, path string, frame infer.Frame
 	}
 	req.ContentLength = int64(frame.Len())
 	req.Header.Set("Content-Type", "application/octet-stream")
-	sum := [32]byte(hash.Sum(nil))
-	req.Header.Set(hop.HeaderBodyHash, hex.EncodeToString(sum[:]))
 	if why == Leaving {
 		req.Header.Set(hop.HeaderKVWhy, hop.KVWhyLeaving)
 	}
-	m.hop.SignHash(req.Header.Set, "POST", path, p.ID, sum)
+	m.hop.SignHash(req.Header.Set, "POST", path, p.ID, hop.SumFrom(hash))
 	resp, err := m.client.Do(req)
 	if err != nil {
 		return fmt.Errorf("push KV to %s: %w", p.ID, err)

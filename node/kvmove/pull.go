@@ -3,7 +3,6 @@ package kvmove
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -142,7 +141,7 @@ func (m *Mover) pull(ctx context.Context, from Peer, key string, origin infer.Or
 	}
 	// The frame is installed only if the node asked signed it, for this pull, and it is of
 	// the conversation asked for.
-	if err := m.hop.VerifyAnswer(resp.Header.Get, hop.PullPath, from.ID, nonce, sha256.Sum256(frame)); err != nil {
+	if err := m.hop.VerifyAnswer(resp.Header.Get, hop.PullPath, from.ID, nonce, frame); err != nil {
 		return len(frame), fmt.Errorf("pull KV from %s: %w", from.ID, err)
 	}
 	res, err := m.local.Import(ctx, frame, origin, key)
@@ -188,11 +187,11 @@ func (m *Mover) Take(ctx context.Context, frame []byte, origin infer.Origin, fro
 // ErrNotHeld: a pull asked for a conversation not cached here.
 var ErrNotHeld = errors.New("conversation not held here")
 
-// Give answers a pull from peer (the receiving end of one), whose hop had nonce: key's
-// frame, to be written and then released, with the answer's signature set by sign;
-// ErrNotHeld; or ErrRecompute when peer would prefill it sooner. The copy here stays, as a
-// replica.
-func (m *Mover) Give(ctx context.Context, key, peer, nonce string, sign func(name, value string)) (infer.Frame, error) {
+// Give answers a pull from peer (the receiving end of one), whose hop had nonce and hop
+// minor version minor: key's frame, to be written and then released, with the answer's
+// signature set by sign; ErrNotHeld; or ErrRecompute when peer would prefill it sooner.
+// The copy here stays, as a replica.
+func (m *Mover) Give(ctx context.Context, key, peer, nonce string, minor int, sign func(name, value string)) (infer.Frame, error) {
 	frame, err := m.local.Snapshot(ctx, key)
 	switch {
 	case errors.Is(err, infer.ErrNotCached):
@@ -205,12 +204,12 @@ func (m *Mover) Give(ctx context.Context, key, peer, nonce string, sign func(nam
 		m.log.Debug("KV pull: cheaper to recompute", "by", peer, "session", key, "tokens", frame.Tokens(), "bytes", frame.Len())
 		return nil, ErrRecompute
 	}
-	hash := sha256.New()
+	hash := hop.NewHash(minor >= hop.MinorBLAKE3)
 	if _, err := frame.WriteTo(hash); err != nil {
 		frame.Release()
 		return nil, err
 	}
-	m.hop.SignAnswer(sign, hop.PullPath, peer, nonce, [32]byte(hash.Sum(nil)))
+	m.hop.SignAnswer(sign, hop.PullPath, peer, nonce, hop.SumFrom(hash))
 	m.log.Debug("KV pulled", "by", peer, "session", key, "tokens", frame.Tokens(), "bytes", frame.Len())
 	m.local.Demote(ctx, key)
 	return given{frame, m}, nil

@@ -3,7 +3,6 @@ package quota
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -333,7 +332,7 @@ func (q *Quota) ask(ctx context.Context, key string, g grant) (grant, error) {
 	if resp.StatusCode != http.StatusOK {
 		return grant{}, fmt.Errorf("quota owner %s: %s", owner.ID, resp.Status)
 	}
-	if err := q.hop.VerifyAnswer(resp.Header.Get, hop.QuotaPath, owner.ID, nonce, sha256.Sum256(answer)); err != nil {
+	if err := q.hop.VerifyAnswer(resp.Header.Get, hop.QuotaPath, owner.ID, nonce, answer); err != nil {
 		return grant{}, err
 	}
 	var got grant
@@ -432,6 +431,6 @@ func (q *Quota) Serve(in hop.Inbound, sign func(name, value string)) (int, []byt
 		return http.StatusBadRequest, nil
 	}
 	answer, _ := json.Marshal(q.take(bucketKey(g.Tenant, g.Model), g))
-	q.hop.SignAnswer(sign, hop.QuotaPath, in.Header(hop.HeaderFrom), in.Header(hop.HeaderNonce), sha256.Sum256(answer))
+	q.hop.SignAnswer(sign, hop.QuotaPath, in.Header(hop.HeaderFrom), in.Header(hop.HeaderNonce), hop.SumOf(answer, false))
 	return http.StatusOK, answer
 }

@@ -36,10 +36,10 @@ func (r *Router) TakeKV(ctx context.Context, frame []byte, origin infer.Origin, 
 	return r.kv.Take(ctx, frame, origin, from)
 }
 
-// GiveKV answers a peer's pull whose hop had nonce, signing the answer with sign (see
-// kvmove.Mover.Give).
-func (r *Router) GiveKV(ctx context.Context, key, peer, nonce string, sign func(name, value string)) (infer.Frame, error) {
-	return r.kv.Give(ctx, key, peer, nonce, sign)
+// GiveKV answers a peer's pull whose hop had nonce and minor version minor, signing the
+// answer with sign (see kvmove.Mover.Give).
+func (r *Router) GiveKV(ctx context.Context, key, peer, nonce string, minor int, sign func(name, value string)) (infer.Frame, error) {
+	return r.kv.Give(ctx, key, peer, nonce, minor, sign)
 }
 
 // Stored keeps this node's stored responses (see stored.Keeper).

@@ -3,7 +3,6 @@ package stored
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -352,7 +351,7 @@ func (k *Keeper) send(ctx context.Context, p Peer, o op) ([]byte, error) {
 		return nil, err
 	}
 	// A record becomes a conversation's history: only the node asked may have sent it.
-	if err := k.hop.VerifyAnswer(resp.Header.Get, hop.StoredPath, p.ID, nonce, sha256.Sum256(answer)); err != nil {
+	if err := k.hop.VerifyAnswer(resp.Header.Get, hop.StoredPath, p.ID, nonce, answer); err != nil {
 		outcome = "failed"
 		return nil, err
 	}
@@ -398,6 +397,6 @@ func (k *Keeper) Serve(ctx context.Context, in hop.Inbound, sign func(name, valu
 	if answer == nil {
 		answer = []byte("{}")
 	}
-	k.hop.SignAnswer(sign, hop.StoredPath, in.Header(hop.HeaderFrom), in.Header(hop.HeaderNonce), sha256.Sum256(answer))
+	k.hop.SignAnswer(sign, hop.StoredPath, in.Header(hop.HeaderFrom), in.Header(hop.HeaderNonce), hop.SumOf(answer, false))
 	return http.StatusOK, answer
 }
