@@ -40,11 +40,14 @@ type Config struct {
 	Join []string
 	// LookupHost resolves a seed's host name to addresses. Nil means the system resolver.
 	LookupHost func(ctx context.Context, host string) ([]string, error)
-	// RejoinInterval is how often a node that sees members dead (not departed), or sees
-	// none, joins again (a seed, and dead members' addresses), so a node or a side of a
-	// partition cut off longer than the dead timeout finds its way back. A node that
-	// sees every member alive does not: at 1,000 members, rejoining every interval cost
-	// each seed 200 full-state exchanges a second (docs/SCALE.md). Default 5s.
+	// RejoinInterval is how often a node that sees members dead or departed, or sees
+	// none, joins again (a seed, and those members' addresses, until they are forgotten),
+	// so a node or a side of a partition cut off longer than the dead timeout finds its
+	// way back, and so does a node restarted where it was (a rolling upgrade) with no
+	// seeds of its own: the first node of a cluster, which would otherwise serve alone
+	// until memberlist's anti-entropy reached it. A node that sees every member alive
+	// does not: at 1,000 members, rejoining every interval cost each seed 200 full-state
+	// exchanges a second (docs/SCALE.md). Default 5s.
 	RejoinInterval time.Duration
 	// MetaInterval bounds how often metadata changes are gossiped. Default 500ms.
 	MetaInterval time.Duration
@@ -483,20 +486,35 @@ func (g *Gossip) seeds(ctx context.Context) (addrs []string, alone bool) {
 // joinTargets are the addresses to join now, given the members memberlist counts: up to
 // joinFanout seeds in random order until this node has joined; after that, only when it
 // sees a member dead or none at all, one seed and up to two dead members' addresses
-// (either may be on the far side of a healed partition). The seeds are resolved only when
-// a join is due (a DNS name may be slow to answer).
+// (either may be on the far side of a healed partition), and otherwise, now and then, the
+// address of a member that left (see RejoinInterval). The seeds are resolved only when a
+// join is due (a DNS name may be slow to answer).
 func (g *Gossip) joinTargets(ctx context.Context, members int) []string {
 	g.mu.Lock()
 	joined := g.joined
-	var dead []string
+	var dead, left []string
+	alive := map[string]bool{}
 	for _, m := range g.members {
-		if m.State == Dead {
+		if m.State == Alive {
+			alive[m.Addr] = true
+		}
+	}
+	for _, m := range g.members {
+		switch {
+		case alive[m.Addr]: // back already, under a new name
+		case m.State == Dead:
 			dead = append(dead, m.Addr)
+		case m.State == Left && g.rng.Float64() < float64(joinFanout)/float64(max(members, 1)):
+			// A departed member may come back where it was, with no seeds (the first
+			// node of a cluster, restarted): a few nodes of the cluster look for it each
+			// interval, not every one, so that its return costs it a few full-state
+			// exchanges, and a seed none.
+			left = append(left, m.Addr)
 		}
 	}
 	g.mu.Unlock()
 	if joined && len(dead) == 0 && members > 1 {
-		return nil // nothing to find: the seeds are not even looked up
+		return left[:min(joinFanout, len(left))] // the seeds are not even looked up
 	}
 	seeds, alone := g.seeds(ctx)
 	if alone && !joined {

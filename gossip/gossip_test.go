@@ -352,3 +352,43 @@ func TestDecodeNote(t *testing.T) {
 		t.Error("a note over MaxNote decoded")
 	}
 }
+
+// TestSeedReturns: the first node of a cluster (no seeds) leaves and starts again where it
+// was, still with no seeds, as in a rolling upgrade: the others find it within a few
+// rejoin intervals, not at the next anti-entropy exchange (a minute here), during which
+// it would serve alone.
+func TestSeedReturns(t *testing.T) {
+	key := []byte("0123456789abcdef")
+	cfg := func(id string, port int, join []string) Config {
+		c := testConfig()
+		c.ID, c.BindAddr, c.BindPort, c.Join, c.Key = id, "127.0.0.1", port, join, key
+		c.RejoinInterval, c.PushPullInterval = 200*time.Millisecond, time.Minute
+		return c
+	}
+	a, stopA := startWith(t, cfg("a", 0, nil))
+	b, _ := startWith(t, cfg("b", 0, []string{a.Addr()}))
+	c, _ := startWith(t, cfg("c", 0, []string{a.Addr()}))
+	alive := func(g *Gossip) int {
+		n := 0
+		for _, m := range g.Members() {
+			if m.State == Alive {
+				n++
+			}
+		}
+		return n
+	}
+	for _, g := range []*Gossip{a, b, c} {
+		poll.Until(t, 15*time.Second, g.Name()+" sees 3 members", func() bool { return alive(g) == 3 })
+	}
+	_, port, _ := net.SplitHostPort(a.Addr())
+	stopA()
+	poll.Until(t, 15*time.Second, "b sees a leave", func() bool { return alive(b) == 2 })
+	p, _ := strconv.Atoi(port)
+	again, _ := startWith(t, cfg("a", p, nil))
+	start := time.Now()
+	poll.Until(t, 5*time.Second, "a, started again, sees b and c", func() bool { return alive(again) == 3 })
+	for _, g := range []*Gossip{b, c} {
+		poll.Until(t, 5*time.Second, g.Name()+" sees a again", func() bool { return alive(g) == 3 })
+	}
+	t.Logf("found again after %v", time.Since(start).Round(time.Millisecond))
+}
