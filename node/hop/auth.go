@@ -21,7 +21,8 @@ import (
 
 // A Sum is the hash of a hop's body that its signature covers: SHA-256, or, since 1.9,
 // BLAKE3-256 (a KV frame is hashed twice a transfer, once at each end, and BLAKE3 runs
-// several times faster than SHA-256 on one core: see docs/BENCHMARKS.md). A signature
+// twice as fast as SHA-256 with the SHA extensions on one core: see docs/BENCHMARKS.md,
+// "KV at line rate"). A signature
 // covers the name of the hash too, so one of either kind cannot pass for the other.
 type Sum struct {
 	BLAKE3 bool
