@@ -111,10 +111,11 @@ func BenchmarkRawFirstToken(b *testing.B) {
 		}
 		threads = n
 	}
+	flash := os.Getenv("INFERNODE_RAW_FLASH") != "0" // 0: without flash attention, as ollama's CPU runner
 	words, _ := m.Tokenize(strings.Repeat(" river stone bridge garden", 1024), false, false)
 	for _, n := range lengths {
 		b.Run(fmt.Sprintf("tokens=%d", n), func(b *testing.B) {
-			c, err := NewContext(m, ContextParams{Cells: 4096, Sequences: 1, Batch: 2048, Threads: threads, Unified: true, FlashAttn: true})
+			c, err := NewContext(m, ContextParams{Cells: 4096, Sequences: 1, Batch: 2048, Threads: threads, Unified: true, FlashAttn: flash})
 			if err != nil {
 				b.Fatal(err)
 			}
