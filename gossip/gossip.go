@@ -40,12 +40,12 @@ type Config struct {
 	Join []string
 	// LookupHost resolves a seed's host name to addresses. Nil means the system resolver.
 	LookupHost func(ctx context.Context, host string) ([]string, error)
-	// RejoinInterval is how often a node that sees members dead or departed, or sees
-	// none, joins again (a seed, and those members' addresses, until they are forgotten),
-	// so a node or a side of a partition cut off longer than the dead timeout finds its
-	// way back, and so does a node restarted where it was (a rolling upgrade) with no
-	// seeds of its own: the first node of a cluster, which would otherwise serve alone
-	// until memberlist's anti-entropy reached it. A node that sees every member alive
+	// RejoinInterval is how often a node that sees members dead, or sees none, joins
+	// again (a seed, and dead members' addresses), so a node or a side of a partition cut
+	// off longer than the dead timeout finds its way back; and how often a few nodes look
+	// for a departed member at its address until it is forgotten, so a node restarted
+	// where it was with no seeds of its own (the first node of a cluster, in a rolling
+	// upgrade) does not serve alone until memberlist's anti-entropy reaches it. A node that sees every member alive
 	// does not: at 1,000 members, rejoining every interval cost each seed 200 full-state
 	// exchanges a second (docs/SCALE.md). Default 5s.
 	RejoinInterval time.Duration
