@@ -103,7 +103,7 @@ type llamaBackend struct {
 }
 
 func loadLlama(cfg Config) (*llamaBackend, error) {
-	model, err := llama.LoadModel(cfg.ModelPath, cfg.LoadProgress)
+	model, err := llama.LoadModel(cfg.ModelPath, llama.ModelParams{MMap: cfg.MMap, Progress: cfg.LoadProgress})
 	if err != nil {
 		return nil, err
 	}

@@ -15,6 +15,11 @@ type Config struct {
 	// LoadProgress, if not nil, is called while the model loads with the fraction loaded
 	// (0 to 1).
 	LoadProgress func(fraction float32)
+	// MMap maps the model file instead of reading its weights into the process's memory:
+	// a faster start and pages shared with other processes that map the file, but the
+	// weights lie where the file puts them, perhaps off the cache lines (see
+	// llama.ModelParams.MMap). Default false.
+	MMap bool
 	// Cells is the number of KV cache cells (tokens) over all sequences. Default 8192.
 	Cells int
 	// Sequences is how many conversations the context holds at once, running or cached

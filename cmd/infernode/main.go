@@ -134,6 +134,7 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&ec.Threads, "threads", ec.Threads, "CPU threads for inference")
 	fs.BoolVar(&ec.UnifiedKV, "kv-unified", ec.UnifiedKV, "one KV pool shared by all sequences (false: fixed partitions)")
 	fs.StringVar(&ec.KVType, "kv-type", ec.KVType, "KV cache type: f16, q8_0 or q4_0")
+	fs.BoolVar(&ec.MMap, "mmap", ec.MMap, "map the model file rather than read its weights into memory: starts sooner and shares pages with other processes mapping it, but a file's tensors may lie off the cache lines and decode slower")
 	fs.IntVar(&ec.MaxQueue, "max-queue", ec.MaxQueue, "requests that may wait for a sequence")
 	fs.DurationVar(&ec.QueueTimeout, "queue-timeout", ec.QueueTimeout, "longest wait for a sequence before 503")
 	fs.IntVar(&ec.MaxPromptTokens, "max-prompt-tokens", ec.MaxPromptTokens, "longest prompt accepted (0: the context)")

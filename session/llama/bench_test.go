@@ -155,12 +155,13 @@ func BenchmarkRawFirstToken(b *testing.B) {
 }
 
 // benchModel loads INFERNODE_BENCH_MODEL for b, closed when b ends; b is skipped without it.
+// INFERNODE_RAW_MMAP=1 maps its file (see ModelParams.MMap).
 func benchModel(b *testing.B) *Model {
 	path := os.Getenv("INFERNODE_BENCH_MODEL")
 	if path == "" {
 		b.Skip("INFERNODE_BENCH_MODEL not set; run through make bench")
 	}
-	m, err := LoadModel(path, nil)
+	m, err := LoadModel(path, ModelParams{MMap: os.Getenv("INFERNODE_RAW_MMAP") == "1"})
 	if err != nil {
 		b.Fatal(err)
 	}

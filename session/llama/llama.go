@@ -295,14 +295,27 @@ type Model struct {
 	vocab *C.struct_llama_vocab
 }
 
-// LoadModel loads a GGUF file for CPU inference (memory-mapped). progress, if not nil,
-// is called from time to time with the fraction loaded so far (0 to 1).
-func LoadModel(path string, progress func(float32)) (*Model, error) {
+// ModelParams say how a model is loaded.
+type ModelParams struct {
+	// MMap maps the file's pages instead of reading the weights into memory of the
+	// process's own. Mapped weights load at once and are shared by every process that
+	// maps the file, but they lie where the file puts them: GGUF aligns tensors to 32
+	// bytes, so a file's tensors may all start half-way into a 64-byte line, and every
+	// AVX-512 load of a weight row then straddles two (a decode step 1.10x as long on a
+	// 135M-parameter model, docs/BENCHMARKS.md); read weights start on a line.
+	MMap bool
+	// Progress, if not nil, is called from time to time with the fraction loaded so far
+	// (0 to 1).
+	Progress func(float32)
+}
+
+// LoadModel loads a GGUF file for CPU inference.
+func LoadModel(path string, mp ModelParams) (*Model, error) {
 	Init()
 	p := C.llama_model_default_params()
 	p.n_gpu_layers = 0
-	p.use_mmap = true
-	if progress != nil {
+	p.use_mmap = C.bool(mp.MMap)
+	if progress := mp.Progress; progress != nil {
 		h := cgo.NewHandle(progress)
 		defer h.Delete()
 		C.set_progress(&p, C.uintptr_t(h))

@@ -17,7 +17,7 @@ import (
 func testModel(t *testing.T) *Model {
 	t.Helper()
 	path := testenv.Model(t)
-	m, err := LoadModel(path, nil)
+	m, err := LoadModel(path, ModelParams{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,7 +42,7 @@ func testContext(t testing.TB, m *Model, cells, seqs int) (*Context, *Batch) {
 // LoadModel reports its progress up to the whole model.
 func TestLoadProgress(t *testing.T) {
 	var got []float32
-	m, err := LoadModel(testenv.Model(t), func(f float32) { got = append(got, f) })
+	m, err := LoadModel(testenv.Model(t), ModelParams{Progress: func(f float32) { got = append(got, f) }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -186,6 +186,46 @@ func TestDecodeGreedy(t *testing.T) {
 	}
 }
 
+// TestMMap: the weights read into memory and the file mapped give the same logits, bit
+// for bit, and so the same greedy text.
+func TestMMap(t *testing.T) {
+	run := func(mmap bool) ([]float32, []int32) {
+		m, err := LoadModel(testenv.Model(t), ModelParams{MMap: mmap})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer m.Close()
+		c, b := testContext(t, m, 512, 1)
+		s := must(NewSampler(m, SamplerParams{Temperature: 0}))
+		defer s.Free()
+		prompt, _ := m.Tokenize("the river and the sea", true, false)
+		var idx int
+		for i, tok := range prompt {
+			idx = b.Add(tok, i, 0, i == len(prompt)-1)
+		}
+		var first []float32
+		var out []int32
+		for pos := len(prompt); pos < len(prompt)+16; pos++ {
+			if err := c.Decode(b); err != nil {
+				t.Fatal(err)
+			}
+			if first == nil {
+				first = slices.Clone(c.Logits(idx).Row(m.NumVocab()))
+			}
+			tok := s.Sample(c.Logits(idx))
+			out = append(out, tok)
+			b.Clear()
+			idx = b.Add(tok, pos, 0, true)
+		}
+		return first, out
+	}
+	readLogits, readText := run(false)
+	mappedLogits, mappedText := run(true)
+	if !slices.Equal(readLogits, mappedLogits) || !slices.Equal(readText, mappedText) {
+		t.Errorf("read into memory and mapped differ: tokens %v against %v", readText, mappedText)
+	}
+}
+
 // TestQuantize: llama.cpp's quantizer writes the default model in Q8_0, Q4_0 and Q4_K_M,
 // the loader reads them as such, and their next-token logits follow the F32 model's: the
 // error through the whole network leaves them closely correlated (4 bits err more than
@@ -193,7 +233,7 @@ func TestDecodeGreedy(t *testing.T) {
 func TestQuantize(t *testing.T) {
 	src := testenv.Model(t)
 	logits := func(path string) ([]float32, string) {
-		m, err := LoadModel(path, nil)
+		m, err := LoadModel(path, ModelParams{})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -110,7 +110,7 @@ func BenchmarkSample(b *testing.B) {
 	if path == "" {
 		b.Skip("neither INFERNODE_BENCH_MODEL nor INFERNODE_TEST_MODEL is set")
 	}
-	m, err := LoadModel(path, nil)
+	m, err := LoadModel(path, ModelParams{})
 	if err != nil {
 		b.Fatal(err)
 	}
