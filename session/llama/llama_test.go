@@ -156,19 +156,10 @@ func TestDecodeGreedy(t *testing.T) {
 	defer s.Free()
 
 	prompt, _ := m.Tokenize("the river and the sea", true, false)
-	var idx int
-	for i, tok := range prompt {
-		idx = b.Add(tok, i, 1, i == len(prompt)-1)
-	}
+	toks, _ := greedy(t, m, c, b, s, prompt, 1, 8)
 	var out []byte
-	for pos := len(prompt); pos < len(prompt)+8; pos++ {
-		if err := c.Decode(b); err != nil {
-			t.Fatal(err)
-		}
-		tok := s.Sample(c.Logits(idx))
+	for _, tok := range toks {
 		out = append(out, m.Piece(tok)...)
-		b.Clear()
-		idx = b.Add(tok, pos, 1, true)
 	}
 	t.Logf("generated %q", out)
 	if len(strings.Fields(string(out))) < 4 {
@@ -186,6 +177,31 @@ func TestDecodeGreedy(t *testing.T) {
 	}
 }
 
+// greedy decodes prompt in sequence seq and samples n tokens with s, one a step; it
+// returns them and the logits of the first.
+func greedy(t *testing.T, m *Model, c *Context, b *Batch, s *Sampler, prompt []int32, seq, n int) ([]int32, []float32) {
+	t.Helper()
+	var idx int
+	for i, tok := range prompt {
+		idx = b.Add(tok, i, seq, i == len(prompt)-1)
+	}
+	var first []float32
+	var out []int32
+	for pos := len(prompt); pos < len(prompt)+n; pos++ {
+		if err := c.Decode(b); err != nil {
+			t.Fatal(err)
+		}
+		if first == nil {
+			first = slices.Clone(c.Logits(idx).Row(m.NumVocab()))
+		}
+		tok := s.Sample(c.Logits(idx))
+		out = append(out, tok)
+		b.Clear()
+		idx = b.Add(tok, pos, seq, true)
+	}
+	return out, first
+}
+
 // TestMMap: the weights read into memory and the file mapped give the same logits, bit
 // for bit, and so the same greedy text.
 func TestMMap(t *testing.T) {
@@ -199,24 +215,7 @@ func TestMMap(t *testing.T) {
 		s := must(NewSampler(m, SamplerParams{Temperature: 0}))
 		defer s.Free()
 		prompt, _ := m.Tokenize("the river and the sea", true, false)
-		var idx int
-		for i, tok := range prompt {
-			idx = b.Add(tok, i, 0, i == len(prompt)-1)
-		}
-		var first []float32
-		var out []int32
-		for pos := len(prompt); pos < len(prompt)+16; pos++ {
-			if err := c.Decode(b); err != nil {
-				t.Fatal(err)
-			}
-			if first == nil {
-				first = slices.Clone(c.Logits(idx).Row(m.NumVocab()))
-			}
-			tok := s.Sample(c.Logits(idx))
-			out = append(out, tok)
-			b.Clear()
-			idx = b.Add(tok, pos, 0, true)
-		}
+		out, first := greedy(t, m, c, b, s, prompt, 0, 16)
 		return first, out
 	}
 	readLogits, readText := run(false)
