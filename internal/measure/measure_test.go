@@ -32,3 +32,26 @@ func TestSteadyRate(t *testing.T) {
 		}
 	}
 }
+
+// GoodputAt takes the highest rate whose attainment at the scale met the goal, not the
+// highest goodput: a rate past the knee may still deliver more good requests at a lower
+// share.
+func TestGoodputAt(t *testing.T) {
+	level := func(rate float64, att ...float64) OpenLevel {
+		l := OpenLevel{Rate: rate}
+		for i, a := range att {
+			l.Scaled = append(l.Scaled, Scaled{Scale: float64(i + 1), Attainment: a, Goodput: a * rate})
+		}
+		return l
+	}
+	levels := []OpenLevel{level(0.5, 0.95, 1), level(1, 0.8, 0.92), level(2, 0.6, 0.7)}
+	for _, c := range []struct {
+		scale      int
+		goal, want float64
+	}{{0, 0.9, 0.5}, {0, 0.75, 1}, {0, 0.5, 2}, {1, 0.9, 1}, {1, 0.5, 2}, {2, 0.5, 0}} {
+		g, rate := GoodputAt(levels, c.scale, c.goal)
+		if rate != c.want || (rate == 0) != (g == 0) {
+			t.Errorf("scale %d, goal %v: rate %v goodput %v, want rate %v", c.scale, c.goal, rate, g, c.want)
+		}
+	}
+}
