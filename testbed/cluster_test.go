@@ -542,9 +542,10 @@ func TestCancelAcrossHop(t *testing.T) {
 	}
 }
 
-// LimitCPU holds a node to a share of one CPU: its generation rate drops to about that
-// share of what it was (with whatever backend this machine allows), and Unlimit gives it
-// back.
+// LimitCPU holds a node to a share of one CPU, in the default period and a short one: its
+// generation rate drops to about that share of what it was (with whatever backend this
+// machine allows), and Unlimit gives it back. A share or a quota the kernel would refuse
+// is refused.
 func TestLimitCPU(t *testing.T) {
 	c := startCluster(t, 1, "--threads", "1")
 	n := c.Nodes[0]
@@ -560,18 +561,28 @@ func TestLimitCPU(t *testing.T) {
 		}
 		return float64(tokens) / time.Since(start).Seconds()
 	}
+	for _, refused := range []struct {
+		percent int
+		period  time.Duration
+	}{{0, CPUPeriod}, {25, 2 * time.Millisecond}} { // no share; a quota of 0.5 ms (the kernel's least is 1 ms)
+		if _, err := n.LimitCPU(refused.percent, refused.period); err == nil || n.cpu != nil {
+			t.Errorf("%d%% in %v periods: error %v, limit in force: %v; want refused, and nothing in force", refused.percent, refused.period, err, n.cpu != nil)
+		}
+	}
 	free := rate()
-	backend, err := n.LimitCPU(25)
-	if err != nil {
-		t.Logf("LimitCPU: %v", err)
-	}
-	limited := rate()
-	if err := n.Unlimit(); err != nil {
-		t.Fatal(err)
-	}
-	again := rate()
-	t.Logf("tokens/s: %.0f free, %.0f at 25%% of a CPU (%s), %.0f after", free, limited, backend, again)
-	if limited > 0.45*free || again < 0.7*free {
-		t.Errorf("a node at 25%% of a CPU generated %.0f tokens/s against %.0f free (%.0f after): want well under half, and back", limited, free, again)
+	for _, period := range []time.Duration{CPUPeriod, 10 * time.Millisecond} {
+		backend, err := n.LimitCPU(25, period)
+		if err != nil {
+			t.Logf("LimitCPU: %v", err)
+		}
+		limited := rate()
+		if err := n.Unlimit(); err != nil {
+			t.Fatal(err)
+		}
+		again := rate()
+		t.Logf("tokens/s: %.0f free, %.0f at 25%% of a CPU in %v periods (%s), %.0f after", free, limited, period, backend, again)
+		if limited > 0.45*free || again < 0.7*free {
+			t.Errorf("a node at 25%% of a CPU in %v periods generated %.0f tokens/s against %.0f free (%.0f after): want well under half, and back", period, limited, free, again)
+		}
 	}
 }

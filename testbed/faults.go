@@ -180,7 +180,7 @@ func (c *Cluster) apply(ctx context.Context, f Fault) (Applied, func() (time.Dur
 		a.Backend = "signal (SIGTERM)"
 		err, expectWithout = n.signal(syscall.SIGTERM), true
 	case "cpu":
-		a.Backend, err = n.LimitCPU(f.Amount)
+		a.Backend, err = n.LimitCPU(f.Amount, CPUPeriod)
 		if err != nil && a.Backend != "" { // fell back to another backend: say why, go on
 			a.Backend, err = a.Backend+" ("+err.Error()+")", nil
 		}

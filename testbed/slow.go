@@ -20,13 +20,26 @@ type cpuLimit struct {
 	lift    func() error
 }
 
-// LimitCPU limits the node's process to percent of one CPU: with cgroup v2's cpu.max
-// where the unified hierarchy has the cpu controller, else cgroup v1's CFS quota, else (no
-// writable cgroup) a SIGSTOP/SIGCONT duty cycle of 100ms periods. It returns the backend
+// CPUPeriod is the period of LimitCPU's quota unless told otherwise: the kernel's and
+// Kubernetes' default.
+const CPUPeriod = 100 * time.Millisecond
+
+// LimitCPU limits the node's process to percent of one CPU in every period: with cgroup
+// v2's cpu.max where the unified hierarchy has the cpu controller, else cgroup v1's CFS
+// quota, else (no writable cgroup) a SIGSTOP/SIGCONT duty cycle. It returns the backend
 // used. A restart of the node, or Unlimit, lifts it.
-func (n *Node) LimitCPU(percent int) (string, error) {
+//
+// The period matters mostly to latency: a process that spends its quota early in a period
+// is stopped for the rest of it (80 ms of every 100 at 20%), where a CPU a fifth as fast
+// would only be slower. A short period makes the limit behave more like the slower CPU,
+// at some cost in throughput (the kernel hands out quota in slices, and a short period
+// strands more of it); the kernel takes no quota under 1 ms.
+func (n *Node) LimitCPU(percent int, period time.Duration) (string, error) {
 	if percent < 1 || percent > 100 {
 		return "", fmt.Errorf("testbed: CPU share must be 1..100%%, got %d", percent)
+	}
+	if q := period * time.Duration(percent) / 100; q < time.Millisecond || period > time.Second {
+		return "", fmt.Errorf("testbed: a CPU period of %v gives a quota of %v (want 1ms..1s)", period, q)
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -38,13 +51,13 @@ func (n *Node) LimitCPU(percent int) (string, error) {
 		n.cpu.lift()
 		n.cpu = nil
 	}
-	const period = 100_000 // µs
-	quota := period * percent / 100
+	periodUS := int(period / time.Microsecond)
+	quotaUS := periodUS * percent / 100
 	name := fmt.Sprintf("infernode-%s-%d", n.ID, pid)
 	var errs []error
 	if dir, ok := cgroupV2CPU(); ok {
 		l, err := cgroupLimit(filepath.Join(dir, name), "cgroup v2 cpu.max", pid,
-			map[string]string{"cpu.max": fmt.Sprintf("%d %d", quota, period)}, filepath.Join(dir, "cgroup.procs"))
+			map[string]string{"cpu.max": fmt.Sprintf("%d %d", quotaUS, periodUS)}, filepath.Join(dir, "cgroup.procs"))
 		if err == nil {
 			n.cpu = l
 			return l.backend, nil
@@ -53,7 +66,7 @@ func (n *Node) LimitCPU(percent int) (string, error) {
 	}
 	if dir := "/sys/fs/cgroup/cpu"; writable(dir) {
 		l, err := cgroupLimit(filepath.Join(dir, name), "cgroup v1 cpu.cfs_quota_us", pid,
-			map[string]string{"cpu.cfs_period_us": strconv.Itoa(period), "cpu.cfs_quota_us": strconv.Itoa(quota)},
+			map[string]string{"cpu.cfs_period_us": strconv.Itoa(periodUS), "cpu.cfs_quota_us": strconv.Itoa(quotaUS)},
 			filepath.Join(dir, "cgroup.procs"))
 		if err == nil {
 			n.cpu = l
@@ -61,7 +74,7 @@ func (n *Node) LimitCPU(percent int) (string, error) {
 		}
 		errs = append(errs, err)
 	}
-	n.cpu = dutyCycle(pid, time.Duration(percent)*time.Millisecond, 100*time.Millisecond)
+	n.cpu = dutyCycle(pid, period*time.Duration(percent)/100, period)
 	if len(errs) > 0 {
 		return n.cpu.backend, fmt.Errorf("cgroups not usable (%w); fell back to %s", errors.Join(errs...), n.cpu.backend)
 	}
