@@ -413,7 +413,7 @@ func sortKill(reqs []measure.Request, at time.Time, served, upstream string) kil
 func report(w0 io.Writer, c config, setups []*setup, sweep map[*setup][][]measure.OpenLevel, kills map[*setup]killResult) error {
 	ms := func(v float64) string { return fmt.Sprintf("%.0f ms", v) }
 	w := tabwriter.NewWriter(w0, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(w, "setup\tround\trate\tachieved\tfailed\tTTFT p50\tTTFT p99\tfollow-up TTFT p50\tfollow-up TTFT p99\tfollow-ups cached\tTPOT p50\tattained 1x / 2x / 4x\t")
+	fmt.Fprintln(w, "setup\tround\trate\tachieved\tfailed\tTTFT p50\tTTFT p99\tfollow-up TTFT p50\tfollow-up TTFT p99\tfollow-ups cached\tTPOT p50\tITL p50\tlast token to end p50 / p99\tattained 1x / 2x / 4x\t")
 	for _, s := range setups {
 		for r, levels := range sweep[s] {
 			for _, l := range levels {
@@ -425,8 +425,9 @@ func report(w0 io.Writer, c config, setups []*setup, sweep map[*setup][][]measur
 				if l.FollowCached >= 0 {
 					cached = fmt.Sprintf("%.0f%%", 100*l.FollowCached)
 				}
-				fmt.Fprintf(w, "%s\t%d\t%g\t%.2f\t%d\t%s\t%s\t%s\t%s\t%s\t%.1f ms\t%s\t\n", s.Title, r+1, l.Rate, l.Achieved, l.Failed,
-					ms(l.TTFTp50ms), ms(l.TTFTp99ms), ms(l.FollowTTFTp50ms), ms(l.FollowTTFTp99ms), cached, l.TPOTp50ms, strings.Join(att, " / "))
+				fmt.Fprintf(w, "%s\t%d\t%g\t%.2f\t%d\t%s\t%s\t%s\t%s\t%s\t%.1f ms\t%.1f ms\t%s / %s\t%s\t\n", s.Title, r+1, l.Rate, l.Achieved, l.Failed,
+					ms(l.TTFTp50ms), ms(l.TTFTp99ms), ms(l.FollowTTFTp50ms), ms(l.FollowTTFTp99ms), cached, l.TPOTp50ms, l.ITLp50ms,
+					ms(l.EndWaitp50ms), ms(l.EndWaitp99ms), strings.Join(att, " / "))
 			}
 		}
 	}

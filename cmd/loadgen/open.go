@@ -169,7 +169,7 @@ func (r result) tpot() time.Duration {
 // scales.
 func summarizeOpen(rate float64, rs []result, duration, sloTTFT, sloTPOT time.Duration, scales []float64) measure.OpenLevel {
 	l := measure.OpenLevel{Rate: rate, Requests: len(rs), Achieved: float64(len(rs)) / duration.Seconds()}
-	var ttft, tpot, gaps, follow []time.Duration
+	var ttft, tpot, gaps, follow, endWait []time.Duration
 	var prompts []int
 	var followPrompt, followCached int
 	cacheReported := false
@@ -183,6 +183,9 @@ func summarizeOpen(rate float64, rs []result, duration, sloTTFT, sloTPOT time.Du
 		ttft = append(ttft, r.first.Sub(r.start))
 		tpot = append(tpot, r.tpot())
 		gaps = append(gaps, r.gaps...)
+		if len(r.events) > 0 {
+			endWait = append(endWait, r.end.Sub(r.events[len(r.events)-1]))
+		}
 		if r.turn > 0 {
 			follow = append(follow, r.first.Sub(r.start))
 			followPrompt, followCached = followPrompt+r.promptTokens, followCached+r.cachedTokens
@@ -199,7 +202,8 @@ func summarizeOpen(rate float64, rs []result, duration, sloTTFT, sloTPOT time.Du
 		l.FollowCached = float64(followCached) / float64(followPrompt)
 	}
 	l.TPOTp50ms, l.TPOTp99ms = ms(measure.Percentile(tpot, 50)), ms(measure.Percentile(tpot, 99))
-	l.ITLp99ms = ms(measure.Percentile(gaps, 99))
+	l.ITLp50ms, l.ITLp99ms = ms(measure.Percentile(gaps, 50)), ms(measure.Percentile(gaps, 99))
+	l.EndWaitp50ms, l.EndWaitp99ms = ms(measure.Percentile(endWait, 50)), ms(measure.Percentile(endWait, 99))
 	if len(prompts) > 0 {
 		slices.Sort(prompts)
 		l.PromptP50 = prompts[len(prompts)/2]

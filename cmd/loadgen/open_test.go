@@ -178,3 +178,19 @@ func TestStreamRecords(t *testing.T) {
 		t.Error("a stream without [DONE] did not fail")
 	}
 }
+
+// TestEndWait: the time from an answer's last token to its stream's end counts in its time
+// per output token but in no inter-token gap, and is reported apart.
+func TestEndWait(t *testing.T) {
+	at := time.Unix(0, 0)
+	ms := func(n int) time.Time { return at.Add(time.Duration(n) * time.Millisecond) }
+	rs := []result{
+		{start: at, first: ms(10), events: []time.Time{ms(10), ms(20), ms(30)}, gaps: []time.Duration{10 * time.Millisecond, 10 * time.Millisecond}, end: ms(230), tokens: 3},
+		{start: at, first: ms(10), events: []time.Time{ms(10), ms(20), ms(30)}, gaps: []time.Duration{10 * time.Millisecond, 10 * time.Millisecond}, end: ms(31), tokens: 3},
+	}
+	rs = append(rs, rs[1])
+	l := summarizeOpen(1, rs, time.Second, time.Second, time.Second, nil)
+	if l.ITLp50ms != 10 || l.EndWaitp50ms != 1 || l.EndWaitp99ms != 200 || l.TPOTp99ms != 110 {
+		t.Errorf("ITL p50 %v, end wait p50/p99 %v/%v, TPOT p99 %v; want 10, 1/200, 110", l.ITLp50ms, l.EndWaitp50ms, l.EndWaitp99ms, l.TPOTp99ms)
+	}
+}

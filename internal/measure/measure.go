@@ -85,7 +85,12 @@ type OpenLevel struct {
 	TTFTp99ms float64 `json:"ttft_p99_ms"`
 	TPOTp50ms float64 `json:"tpot_p50_ms"`
 	TPOTp99ms float64 `json:"tpot_p99_ms"`
+	ITLp50ms  float64 `json:"itl_p50_ms"`
 	ITLp99ms  float64 `json:"itl_p99_ms"`
+	// EndWait: from an answer's last token to its stream's end (the finish, usage and
+	// [DONE]), which time per output token counts and inter-token gaps do not.
+	EndWaitp50ms float64 `json:"end_wait_p50_ms"`
+	EndWaitp99ms float64 `json:"end_wait_p99_ms"`
 	// Follow-up turns (a conversation's second and later): their first token, and the
 	// share of their prompt tokens the server reported cached (-1 when it reported none:
 	// ollama does not).
