@@ -45,9 +45,9 @@ type Config struct {
 	// off longer than the dead timeout finds its way back; and how often a few nodes look
 	// for a departed member at its address until it is forgotten, so a node restarted
 	// where it was with no seeds of its own (the first node of a cluster, in a rolling
-	// upgrade) does not serve alone until memberlist's anti-entropy reaches it. A node that sees every member alive
-	// does not: at 1,000 members, rejoining every interval cost each seed 200 full-state
-	// exchanges a second (docs/SCALE.md). Default 5s.
+	// upgrade) does not serve alone until memberlist's anti-entropy reaches it. A node
+	// that sees every member alive does not: at 1,000 members, rejoining every interval
+	// cost each seed 200 full-state exchanges a second (docs/SCALE.md). Default 5s.
 	RejoinInterval time.Duration
 	// MetaInterval bounds how often metadata changes are gossiped. Default 500ms.
 	MetaInterval time.Duration

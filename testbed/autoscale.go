@@ -210,9 +210,7 @@ func RunAutoscale(ctx context.Context, cfg Config, a Autoscale) (*AutoscaleRepor
 	defer c.Close()
 	p := &pool{c: c, a: a, rep: rep}
 	for _, n := range c.Nodes {
-		if _, err := n.LimitCPU(a.CPU, a.CPUPeriod); err != nil {
-			fmt.Fprintf(os.Stderr, "autoscale: %s: %v\n", n.ID, err)
-		}
+		limitCPU(n, a)
 	}
 	if _, err := c.WaitRings(ctx, c.IDs(), 60*time.Second); err != nil {
 		return nil, err
@@ -246,11 +244,7 @@ func (rep *AutoscaleReport) calibrate(ctx context.Context, cfg Config, a Autosca
 	}
 	defer c.Close()
 	for _, n := range c.Nodes {
-		backend, err := n.LimitCPU(a.CPU, a.CPUPeriod)
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "autoscale: %s: %v\n", n.ID, err)
-		}
-		rep.CPUBackend = backend
+		rep.CPUBackend = limitCPU(n, a)
 	}
 	if _, err := c.WaitRings(ctx, c.IDs(), time.Minute); err != nil {
 		return fmt.Errorf("calibration nodes: %w", err)
@@ -320,6 +314,16 @@ func (rep *AutoscaleReport) calibrate(ctx context.Context, cfg Config, a Autosca
 	rep.BatchDone = <-batchDone
 	rep.WithBatch = [2]time.Duration{measure.Percentile(beside, 50), measure.Percentile(beside, 99)}
 	return nil
+}
+
+// limitCPU holds n to the scenario's CPU share and returns how; a node it could not
+// limit runs on, said on stderr.
+func limitCPU(n *Node, a Autoscale) string {
+	backend, err := n.LimitCPU(a.CPU, a.CPUPeriod)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "autoscale: %s: %v\n", n.ID, err)
+	}
+	return backend
 }
 
 // pool is the scenario's nodes, grown and shrunk as the hook asks.
@@ -399,9 +403,7 @@ func (p *pool) scaleTo(ctx context.Context, want int) {
 			p.event(ScaleEvent{Kind: "start", Node: id, Detail: err.Error()})
 			return
 		}
-		if _, err := node.LimitCPU(p.a.CPU, p.a.CPUPeriod); err != nil {
-			fmt.Fprintf(os.Stderr, "autoscale: %s: %v\n", id, err)
-		}
+		limitCPU(node, p.a)
 		p.event(ScaleEvent{Kind: "start", Node: id})
 		go func() {
 			if within(2*time.Minute, node.Serving) {

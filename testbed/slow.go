@@ -38,8 +38,9 @@ func (n *Node) LimitCPU(percent int, period time.Duration) (string, error) {
 	if percent < 1 || percent > 100 {
 		return "", fmt.Errorf("testbed: CPU share must be 1..100%%, got %d", percent)
 	}
-	if q := period * time.Duration(percent) / 100; q < time.Millisecond || period > time.Second {
-		return "", fmt.Errorf("testbed: a CPU period of %v gives a quota of %v (want 1ms..1s)", period, q)
+	quota := period * time.Duration(percent) / 100
+	if quota < time.Millisecond || period > time.Second {
+		return "", fmt.Errorf("testbed: a CPU period of %v gives a quota of %v (want 1ms..1s)", period, quota)
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -51,8 +52,7 @@ func (n *Node) LimitCPU(percent int, period time.Duration) (string, error) {
 		n.cpu.lift()
 		n.cpu = nil
 	}
-	periodUS := int(period / time.Microsecond)
-	quotaUS := periodUS * percent / 100
+	periodUS, quotaUS := int(period/time.Microsecond), int(quota/time.Microsecond)
 	name := fmt.Sprintf("infernode-%s-%d", n.ID, pid)
 	var errs []error
 	if dir, ok := cgroupV2CPU(); ok {
@@ -74,7 +74,7 @@ func (n *Node) LimitCPU(percent int, period time.Duration) (string, error) {
 		}
 		errs = append(errs, err)
 	}
-	n.cpu = dutyCycle(pid, period*time.Duration(percent)/100, period)
+	n.cpu = dutyCycle(pid, quota, period)
 	if len(errs) > 0 {
 		return n.cpu.backend, fmt.Errorf("cgroups not usable (%w); fell back to %s", errors.Join(errs...), n.cpu.backend)
 	}
