@@ -328,9 +328,10 @@ func (s *Server) generate(ctx *fasthttp.RequestCtx, c *completion, submit submit
 		writeError(ctx, err)
 		return
 	}
-	// ended runs when the answer is complete, before its last bytes go out: a turn served
-	// here keeps its conversation warm elsewhere (see Cluster.Served) before the client can send
-	// the next one.
+	// ended runs when the answer is complete, before its last bytes go out: while this node
+	// drains, a turn served here hands its conversation to its next owner before the client
+	// can send the next one there; otherwise its replica starts on its way (see
+	// Cluster.Served).
 	ended := func() {}
 	if node, _, _ := s.cluster.Route(st); node == "" {
 		ended = func() {

@@ -134,6 +134,8 @@ func TestResponsesChain(t *testing.T) {
 		}
 	}
 
+	// The second turn's replica goes in the background: the kill comes once it has landed.
+	settledTransfers(t, c, others...)
 	owner.Kill()
 	third := turn(2, others[1], second.id)
 	if third.node == owner.ID || third.cached == 0 {

@@ -60,22 +60,38 @@ func (m *Mover) HandOff(ctx context.Context, leaving bool) (moved, failed int) {
 }
 
 // KeepWarm keeps a conversation's KV, after a turn served here, on the node that would
-// serve its next turn if this one were gone: while this node drains, its owner once this
-// node has left; otherwise (with replicas on) the node that takes over if this one dies,
-// as a replica. It runs when the answer is complete but before its end reaches the client,
-// so the next turn cannot overtake it; it adds no time to any token, only to the answer's
-// last event (the push's own time: a replica is skipped when transfers are busy, and gives
-// up after 2s).
+// serve its next turn if this one were gone. While this node drains that is its owner
+// once this node has left, and the push is done before KeepWarm returns: it runs when the
+// answer is complete but before its end reaches the client, so the next turn, sent to that
+// owner, cannot overtake it. Otherwise (with replicas on) the copy goes to the nodes that
+// take over if this one dies, as replicas, in the background: the next turn runs here, on
+// the cells the replica copies, so nothing waits for it (a push before the answer's end
+// held every stream's last event 150 ms at the median under load, see
+// docs/BENCHMARKS.md). Only a death before it lands finds the replica a turn behind, still
+// a prefix of the conversation; a next turn that starts first leaves it so too (the
+// snapshot finds the conversation running). A replica is skipped when Config.Transfers
+// are warming already, and gives up after 2s.
 func (m *Mover) KeepWarm(key string, draining bool) {
-	why := Replica
 	switch {
 	case key == "":
-		return
 	case draining:
-		why = Leaving
+		m.keepWarm(key, Leaving)
 	case m.cfg.Replicas == 0:
-		return
+	default:
+		select {
+		case m.warming <- struct{}{}:
+		default:
+			m.transfers.WithLabelValues("sent", "skipped").Inc()
+			return
+		}
+		go func() {
+			defer func() { <-m.warming }()
+			m.keepWarm(key, Replica)
+		}()
 	}
+}
+
+func (m *Mover) keepWarm(key string, why Why) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	peers, err := m.Push(ctx, key, why)

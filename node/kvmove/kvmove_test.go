@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/infernode/infernode/internal/poll"
 	"github.com/infernode/infernode/node/hop"
 	"github.com/infernode/infernode/session/infer"
 )
@@ -84,6 +85,7 @@ type peer struct {
 	took   []string
 	hashes []string                                       // the hash each frame pushed was signed over: "SHA-256" or "BLAKE3"
 	answer func(key, nonce string, w http.ResponseWriter) // nil: the honest answer
+	gate   chan struct{}                                  // when set, a push is taken only once it is closed
 }
 
 func startPeer(t *testing.T, id string) *peer {
@@ -93,6 +95,9 @@ func startPeer(t *testing.T, id string) *peer {
 		if err := p.auth.Authenticate(hop.Inbound{Method: r.Method, Path: r.URL.Path, Header: r.Header.Get, Body: body}); err != nil {
 			w.WriteHeader(http.StatusUnauthorized)
 			return
+		}
+		if p.gate != nil {
+			<-p.gate
 		}
 		p.mu.Lock()
 		p.took = append(p.took, r.URL.Path)
@@ -196,6 +201,39 @@ func TestPushes(t *testing.T) {
 	}
 	if _, err := m2.PushFrame(t.Context(), "moved", memFrame{testFrame{10, 1}}, ToOwner); err == nil || !strings.Contains(err.Error(), "push KV to d") {
 		t.Errorf("push signed with another key: %v, want refused by d", err)
+	}
+}
+
+// TestKeepWarm: after a turn, its replica goes in the background (KeepWarm returns while
+// the heir has not taken it yet: the answer's end does not wait for it); while draining,
+// the hand-off has landed when KeepWarm returns (the next turn goes there).
+func TestKeepWarm(t *testing.T) {
+	b := startPeer(t, "b")
+	gate := make(chan struct{})
+	b.gate = gate
+	open := sync.OnceFunc(func() { close(gate) })
+	t.Cleanup(open) // before the peer's server closes, which waits for its handlers
+	m := newMover(t, &fakeRing{heirs: []Peer{b.Peer}}, &fakeLocal{held: memFrame{testFrame{1000, 10}}}, nil)
+	returned := make(chan struct{})
+	go func() {
+		m.KeepWarm("k", false)
+		close(returned)
+	}()
+	select {
+	case <-returned:
+	case <-time.After(time.Second): // a push waiting on the gate gives up after 2s
+		t.Fatal("KeepWarm waited for the replica's push")
+	}
+	if got := b.frames(); len(got) != 0 {
+		t.Fatalf("b took %v before its gate opened", got)
+	}
+	open()
+	if !poll.Within(10*time.Second, time.Millisecond, func() bool { return len(b.frames()) == 1 }) {
+		t.Fatalf("the replica never landed: b took %v", b.frames())
+	}
+	m.KeepWarm("k", true)
+	if got, want := b.frames(), []string{hop.ReplicaPath, hop.KVPath}; !slices.Equal(got, want) {
+		t.Errorf("b took %v when the draining KeepWarm returned, want %v", got, want)
 	}
 }
 

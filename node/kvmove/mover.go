@@ -95,6 +95,7 @@ type Mover struct {
 	now    func() time.Time
 
 	slots    chan struct{} // pushes in flight
+	warming  chan struct{} // replicas being snapshotted and pushed in the background (KeepWarm)
 	pullBufs *keep.Buffers // buffers of pulled frames, kept between pulls (the import copies the frame out)
 	limit    *rate.Limiter // bytes a second of pushes (nil: no bound)
 
@@ -123,6 +124,7 @@ func New(cfg Config, ring Ring, local Local, auth *hop.Auth, client *http.Client
 	m := &Mover{
 		cfg: cfg, log: log.With("component", "kvmove"), ring: ring, local: local, hop: auth, client: client, now: now,
 		slots:    make(chan struct{}, cfg.Transfers),
+		warming:  make(chan struct{}, cfg.Transfers),
 		pullBufs: keep.New(cfg.Transfers, maxPulled),
 		limit:    newLimit(cfg.Bandwidth),
 		rates:    map[string]float64{},
