@@ -71,6 +71,44 @@ func BenchmarkDecode(b *testing.B) {
 	}
 }
 
+// BenchmarkIdleCells: what the cells idle conversations hold in the unified KV pool cost
+// the streams decoding beside them. Every token attends over the pool's whole used range:
+// the mask hides other sequences' cells, but flash attention still reads the mask of
+// every cell, for every head of every layer. So n streams decode slower when the other
+// sequences hold long idle histories (cached for their follow-ups) than when they hold
+// none.
+func BenchmarkIdleCells(b *testing.B) {
+	for _, idle := range []int{0, 6} {
+		for _, n := range []int{1, 2} {
+			b.Run(fmt.Sprintf("idle=%d/seqs=%d", idle, n), func(b *testing.B) {
+				e := benchEngine(b, nil)
+				history := strings.Repeat(" a long and winding tale of the sea", 150) // about 1,000 tokens
+				for i := range idle {
+					s, err := e.Submit(context.Background(), infer.Request{SessionID: fmt.Sprint("idle-", i),
+						Prompt: fmt.Sprintf("story %d:", i) + history, MaxTokens: 1, Sampling: infer.Sampling{TopP: 1}})
+					if err != nil {
+						b.Fatal(err)
+					}
+					for _, err := s.Recv(); err == nil; _, err = s.Recv() {
+					}
+				}
+				var tokens, seconds float64
+				before := e.Stats()
+				for b.Loop() {
+					t, s := decodeSteady(b, e, n, 64, "")
+					tokens += t
+					seconds += s
+				}
+				st := e.Stats()
+				b.ReportMetric(tokens/seconds, "tok/s")
+				b.ReportMetric(float64(st.StepTimeMicros-before.StepTimeMicros)/float64(st.Steps-before.Steps)/1000, "ms/step")
+				b.ReportMetric(float64(before.KVUsed), "idle-cells")
+				b.ReportMetric(0, "ns/op")
+			})
+		}
+	}
+}
+
 // BenchmarkFollowUpTTFT compares the time to first token of a follow-up turn whose ~1,000
 // token history is cached against a cold prefill of the same prompt.
 func BenchmarkFollowUpTTFT(b *testing.B) {
