@@ -176,8 +176,7 @@ func BenchmarkTransferOrRecompute(b *testing.B) {
 				seconds += sent(`infernode_kv_transfer_seconds_total{direction="sent"}`) - before[3]
 				p, _ := c.Metric(c.Nodes[0], "infernode_prefill_tokens_per_second")
 				prefill = max(prefill, p)
-				// Streamed, for the time to the first token: the answer's end waits for its
-				// replica's push (see kvmove.Mover.KeepWarm), which a slow link makes long.
+				// Streamed, for the time to the first token alone.
 				first := func(m []message) Record {
 					r := request(b.Context(), client, c.Nodes[0], m, 1, true, time.Minute, nil)
 					if r.Kind != "ok" {
