@@ -82,14 +82,15 @@ func BenchmarkIdleCells(b *testing.B) {
 		for _, n := range []int{1, 2} {
 			b.Run(fmt.Sprintf("idle=%d/seqs=%d", idle, n), func(b *testing.B) {
 				e := benchEngine(b, nil)
-				history := strings.Repeat(" a long and winding tale of the sea", 150) // about 1,000 tokens
+				history := strings.Repeat(" a long and winding tale of the sea", 150) // about 1,300 tokens
 				for i := range idle {
 					s, err := e.Submit(context.Background(), infer.Request{SessionID: fmt.Sprint("idle-", i),
 						Prompt: fmt.Sprintf("story %d:", i) + history, MaxTokens: 1, Sampling: infer.Sampling{TopP: 1}})
 					if err != nil {
 						b.Fatal(err)
 					}
-					for _, err := s.Recv(); err == nil; _, err = s.Recv() {
+					if _, _, err := s.Collect(); err != nil {
+						b.Fatal(err)
 					}
 				}
 				var tokens, seconds float64

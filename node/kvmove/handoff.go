@@ -91,6 +91,9 @@ func (m *Mover) KeepWarm(key string, draining bool) {
 	}
 }
 
+// keepWarm pushes key's conversation as why says, within 2s, and logs a failure other
+// than one of those KeepWarm expects (nothing idle to copy, busy, no heir, cheaper to
+// recompute).
 func (m *Mover) keepWarm(key string, why Why) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
