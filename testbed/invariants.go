@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"path/filepath"
 	"slices"
 	"sort"
+	"syscall"
 	"time"
 )
 
@@ -338,7 +340,12 @@ func (c *Cluster) checkIdle(ctx context.Context, rep *Report, baseline map[strin
 			problems = append(problems, n.ID+": no baseline")
 			continue
 		}
-		deadline := time.Now().Add(15 * time.Second) // idle workers and connections expire within 10s
+		// fasthttp sweeps its idle workers every 10 s and ends those idle over 10 s, so a
+		// burst's workers last up to 20 s (a CI run failed at 15 s with 17 goroutines over
+		// the baseline; at 15 s, a run's extra stacks were fasthttp's idle workers and
+		// pooled connections). Peers' KV pools keep up to Transfers connections each for a
+		// minute: within leakGoroutines.
+		deadline := time.Now().Add(25 * time.Second)
 		for {
 			run, err1 := c.Metric(n, "infernode_running_sequences")
 			wait, err2 := c.Metric(n, "infernode_waiting_requests")
@@ -350,8 +357,14 @@ func (c *Cluster) checkIdle(ctx context.Context, rep *Report, baseline map[strin
 				break
 			}
 			if err != nil || time.Now().After(deadline) || ctx.Err() != nil {
-				problems = append(problems, fmt.Sprintf("%s: running %v, waiting %v, goroutines %v (baseline %v), heap %.0f MB (baseline %.0f MB) %v",
-					n.ID, run, wait, g, b.goroutines, h/1e6, b.heap/1e6, errText(err)))
+				problem := fmt.Sprintf("%s: running %v, waiting %v, goroutines %v (baseline %v), heap %.0f MB (baseline %.0f MB) %v",
+					n.ID, run, wait, g, b.goroutines, h/1e6, b.heap/1e6, errText(err))
+				// The evidence: Go's runtime writes every goroutine's stack to the node's
+				// log when it quits on SIGQUIT (no later check asks this node anything).
+				if err == nil && n.signal(syscall.SIGQUIT) == nil {
+					problem += fmt.Sprintf("; its goroutines' stacks are in %s", filepath.Join(c.cfg.LogDir, "node-"+n.ID+".log"))
+				}
+				problems = append(problems, problem)
 				break
 			}
 			time.Sleep(100 * time.Millisecond)
