@@ -115,7 +115,9 @@ func New(cfg Config, g Membership, local Engine) (*Router, error) {
 		}
 	}
 	client := &http.Client{Transport: transport}
-	log = log.With("component", "routing", "node", cfg.Self)
+	// The router's parts name their own component (one "component" key a record).
+	parts := log.With("node", cfg.Self)
+	log = parts.With("component", "routing")
 	r := &Router{
 		cfg: cfg, log: log, local: local, client: client, clock: clock,
 		hop: hop.NewAuth(cfg.Self, cfg.Secret, cfg.AcceptSecrets, clock.Now, cfg.MaxSkew),
@@ -146,7 +148,7 @@ func New(cfg Config, g Membership, local Engine) (*Router, error) {
 	r.answers = answers.New(cfg.Answers, cfg.Fingerprint, clock.Now)
 	kv := cfg.KV
 	if kv.Logger == nil {
-		kv.Logger = r.log
+		kv.Logger = parts
 	}
 	var err error
 	if r.kv, err = kvmove.New(kv, kvRing{r}, local, r.hop, &http.Client{Transport: kvTransport}, clock.Now); err != nil {
@@ -155,12 +157,12 @@ func New(cfg Config, g Membership, local Engine) (*Router, error) {
 	st := cfg.Stored
 	st.Replicas = cfg.KV.Replicas // records are kept where the KV's replicas go
 	if st.Logger == nil {
-		st.Logger = r.log
+		st.Logger = parts
 	}
 	if r.stored, err = stored.New(st, storedRing{r}, r.hop, r.client, clock.Now); err != nil {
 		return nil, err
 	}
-	r.quota = quota.New(nil, quotaRing{r}, r.hop, r.client, clock.Now, r.log)
+	r.quota = quota.New(nil, quotaRing{r}, r.hop, r.client, clock.Now, parts)
 	r.scale = newAutoscaler(cfg.Scale)
 	if len(cfg.Secret) == 0 {
 		r.log.Warn("hops are not authenticated (insecure): anyone who reaches this node's HTTP port can submit raw requests as a peer")
