@@ -1,13 +1,18 @@
 package testbed
 
 import (
+	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
+	"os"
 	"path/filepath"
 	"slices"
 	"sort"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -361,8 +366,8 @@ func (c *Cluster) checkIdle(ctx context.Context, rep *Report, baseline map[strin
 					n.ID, run, wait, g, b.goroutines, h/1e6, b.heap/1e6, errText(err))
 				// The evidence: Go's runtime writes every goroutine's stack to the node's
 				// log when it quits on SIGQUIT (no later check asks this node anything).
-				if err == nil && n.signal(syscall.SIGQUIT) == nil {
-					problem += fmt.Sprintf("; its goroutines' stacks are in %s", filepath.Join(c.cfg.LogDir, "node-"+n.ID+".log"))
+				if log := filepath.Join(c.cfg.LogDir, "node-"+n.ID+".log"); err == nil && n.signal(syscall.SIGQUIT) == nil && n.wait(10*time.Second) {
+					problem += fmt.Sprintf("; goroutines by the function that started them: %s (stacks in %s)", goroutineCreators(log, 6), log)
 				}
 				problems = append(problems, problem)
 				break
@@ -372,6 +377,35 @@ func (c *Cluster) checkIdle(ctx context.Context, rep *Report, baseline map[strin
 	}
 	rep.Checks = append(rep.Checks, Check{Name: "nodes return to idle, nothing leaks", Pass: len(problems) == 0,
 		Detail: fmt.Sprintf("%d nodes back to their baselines %v; problems: %v", len(fine), fine, problems)})
+}
+
+// goroutineCreators summarises the goroutine dump Go's runtime wrote at the end of a log
+// on SIGQUIT: the top functions that started the goroutines, with their counts, most
+// first.
+func goroutineCreators(log string, top int) string {
+	b, err := os.ReadFile(log)
+	if err != nil {
+		return err.Error()
+	}
+	i := bytes.LastIndex(b, []byte("SIGQUIT"))
+	if i < 0 {
+		return "no goroutine dump in the log"
+	}
+	counts := map[string]int{}
+	for line := range strings.Lines(string(b[i:])) {
+		if f, ok := strings.CutPrefix(line, "created by "); ok {
+			f, _, _ = strings.Cut(strings.TrimSpace(f), " in goroutine ")
+			counts[f]++
+		}
+	}
+	creators := slices.SortedFunc(maps.Keys(counts), func(a, b string) int {
+		return cmp.Or(counts[b]-counts[a], strings.Compare(a, b))
+	})
+	var out []string
+	for _, f := range creators[:min(top, len(creators))] {
+		out = append(out, fmt.Sprintf("%d %s", counts[f], f))
+	}
+	return strings.Join(out, ", ")
 }
 
 // nearTie is the largest gap in log probability between the most likely token and the one
