@@ -160,9 +160,12 @@ func (c *Cluster) Add(ctx context.Context, id string, extra ...string) (*Node, e
 	return n, nil
 }
 
+// logPath is the file the node's output goes to, over all its starts.
+func (n *Node) logPath() string { return filepath.Join(n.cfg.LogDir, "node-"+n.ID+".log") }
+
 // start runs the process and waits until it reports its addresses.
 func (n *Node) start(ctx context.Context) error {
-	logf, err := os.OpenFile(filepath.Join(n.cfg.LogDir, "node-"+n.ID+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	logf, err := os.OpenFile(n.logPath(), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return err
 	}

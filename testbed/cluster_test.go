@@ -8,7 +8,6 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -42,7 +41,7 @@ func launch(t testing.TB, cfg Config) *Cluster {
 		c.Close()
 		if t.Failed() {
 			for _, n := range c.Nodes {
-				b, _ := os.ReadFile(filepath.Join(c.cfg.LogDir, "node-"+n.ID+".log"))
+				b, _ := os.ReadFile(n.logPath())
 				t.Logf("log of %s:\n%s", n.ID, tailLines(string(b), 40))
 			}
 		}

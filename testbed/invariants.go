@@ -9,7 +9,6 @@ import (
 	"maps"
 	"net/http"
 	"os"
-	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -366,8 +365,8 @@ func (c *Cluster) checkIdle(ctx context.Context, rep *Report, baseline map[strin
 					n.ID, run, wait, g, b.goroutines, h/1e6, b.heap/1e6, errText(err))
 				// The evidence: Go's runtime writes every goroutine's stack to the node's
 				// log when it quits on SIGQUIT (no later check asks this node anything).
-				if log := filepath.Join(c.cfg.LogDir, "node-"+n.ID+".log"); err == nil && n.signal(syscall.SIGQUIT) == nil && n.wait(10*time.Second) {
-					problem += fmt.Sprintf("; goroutines by the function that started them: %s (stacks in %s)", goroutineCreators(log, 6), log)
+				if err == nil && n.signal(syscall.SIGQUIT) == nil && n.wait(10*time.Second) {
+					problem += fmt.Sprintf("; goroutines by the function that started them: %s (stacks in %s)", goroutineCreators(n.logPath(), 6), n.logPath())
 				}
 				problems = append(problems, problem)
 				break
