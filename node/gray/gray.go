@@ -43,11 +43,17 @@ type Config struct {
 	// Share is the share of the conversations it owns that a degraded member keeps; the
 	// others go to their next owners until it recovers. Default 0.25.
 	Share float64
+	// Busy excuses a peer's long token gaps while it generates more than Busy times the
+	// tokens a second of the peers' lower median (as each gossips its own): a peer at its
+	// capacity with more streams than the others has longer gaps between each one's
+	// tokens and generates more; a slow one, fewer or as many. 0 excuses none. Default 1
+	// (more than the lower median at all). Probes are never excused.
+	Busy float64
 }
 
 // DefaultConfig returns infernode's thresholds.
 func DefaultConfig() Config {
-	return Config{Factor: 3, Floor: 10 * time.Millisecond, Enter: 4, Exit: 6, Share: 0.25}
+	return Config{Factor: 3, Floor: 10 * time.Millisecond, Enter: 4, Exit: 6, Share: 0.25, Busy: 1}
 }
 
 // Validate reports every problem with c at once.
@@ -58,6 +64,7 @@ func (c Config) Validate() error {
 	check(c.Floor >= 0, "gray floor must not be negative, got %v", c.Floor)
 	check(c.Enter >= 1 && c.Exit >= 1, "gray enter and exit rounds must be at least 1, got %d and %d", c.Enter, c.Exit)
 	check(c.Share >= 0 && c.Share <= 1, "degraded share must be in [0, 1], got %g", c.Share)
+	check(c.Busy == 0 || c.Busy >= 1, "gray busy factor must be 0 (off) or at least 1, got %g", c.Busy)
 	return p.Err()
 }
 
@@ -90,6 +97,7 @@ func (e *ewma) add(x float64) {
 type peer struct {
 	probe, gap ewma      // seconds
 	gapAt      time.Time // the last gap observed
+	tps        float64   // the tokens a second it gossips it generates
 	strikes    int       // rounds as an outlier (while not slow) or not (while slow), less the others
 	slow       bool      // this node's verdict
 }
@@ -122,11 +130,15 @@ func (d *Detector) Gap(id string, gap time.Duration, now time.Time) {
 	p.gapAt = now
 }
 
+// Work records the tokens a second a peer gossips it generates.
+func (d *Detector) Work(id string, tps float64) { d.get(id).tps = tps }
+
 // Change is a peer whose verdict a round changed, with what it was judged on.
 type Change struct {
 	Peer                                   string
 	Slow                                   bool
 	ProbeMS, ProbeBaseMS, GapMS, GapBaseMS float64
+	TPS, TPSBase                           float64 // tokens a second: the peer's, the others' lower median
 }
 
 // Judge compares the peers' speeds after a probe round, at now (live lists the peers that
@@ -137,8 +149,9 @@ func (d *Detector) Judge(live []string, now time.Time) []Change {
 			delete(d.peers, id)
 		}
 	}
-	var probes, gaps []float64
+	var probes, gaps, work []float64
 	for _, p := range d.peers {
+		work = append(work, p.tps)
 		if p.gap.n > 0 && now.Sub(p.gapAt) > GapStale {
 			p.gap = ewma{}
 		}
@@ -149,7 +162,7 @@ func (d *Detector) Judge(live []string, now time.Time) []Change {
 			gaps = append(gaps, p.gap.v)
 		}
 	}
-	probeBase, gapBase := lowerMedian(probes), lowerMedian(gaps)
+	probeBase, gapBase, workBase := lowerMedian(probes), lowerMedian(gaps), lowerMedian(work)
 	floor := d.cfg.Floor.Seconds()
 	var changes []Change
 	for id, p := range d.peers {
@@ -161,7 +174,8 @@ func (d *Detector) Judge(live []string, now time.Time) []Change {
 		outlier := func(e ewma, base float64, observed int) bool {
 			return e.n > 0 && observed >= 2 && e.v > base*(1+margin*(d.cfg.Factor-1)) && e.v > base+margin*floor
 		}
-		out := outlier(p.probe, probeBase, len(probes)) || outlier(p.gap, gapBase, len(gaps))
+		busy := d.cfg.Busy > 0 && p.tps > d.cfg.Busy*workBase
+		out := outlier(p.probe, probeBase, len(probes)) || !busy && outlier(p.gap, gapBase, len(gaps))
 		// Strikes leak rather than reset: a starved peer's round trips come and go with
 		// its throttling, and must still add up.
 		switch {
@@ -177,7 +191,7 @@ func (d *Detector) Judge(live []string, now time.Time) []Change {
 		if p.strikes >= need {
 			p.slow, p.strikes = !p.slow, 0
 			changes = append(changes, Change{Peer: id, Slow: p.slow, ProbeMS: ms(p.probe.v), ProbeBaseMS: ms(probeBase),
-				GapMS: ms(p.gap.v), GapBaseMS: ms(gapBase)})
+				GapMS: ms(p.gap.v), GapBaseMS: ms(gapBase), TPS: p.tps, TPSBase: workBase})
 		}
 	}
 	slices.SortFunc(changes, func(a, b Change) int { return strings.Compare(a.Peer, b.Peer) })

@@ -104,6 +104,51 @@ func TestGaps(t *testing.T) {
 	}
 }
 
+// TestBusyIsNotSlow: long token gaps from a peer that generates more than Busy times the
+// others' tokens a second are its load, not slowness; a peer with such gaps that generates
+// its share or less is slow, and so is a busy peer whose probes are slow too.
+func TestBusyIsNotSlow(t *testing.T) {
+	cases := []struct {
+		name   string
+		busy   float64       // Config.Busy
+		tps    float64       // d's tokens a second; b and c generate 100
+		probeD time.Duration // d's probe round trip; b and c 1ms
+		slow   bool
+	}{
+		{name: "busy: twice the others' tokens", busy: 1, tps: 200, probeD: time.Millisecond},
+		{name: "no excuse when off", busy: 0, tps: 200, probeD: time.Millisecond, slow: true},
+		{name: "its share of tokens", busy: 1, tps: 100, probeD: time.Millisecond, slow: true},
+		{name: "starved: fewer tokens", busy: 1, tps: 30, probeD: time.Millisecond, slow: true},
+		{name: "just above the others, under the factor", busy: 1.5, tps: 140, probeD: time.Millisecond, slow: true},
+		{name: "busy, but its probes are slow", busy: 1, tps: 200, probeD: 60 * time.Millisecond, slow: true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := DefaultConfig()
+			cfg.Busy = tc.busy
+			d := NewDetector(cfg)
+			now := t0
+			var changes []Change
+			for range 3 * cfg.Enter {
+				now = now.Add(500 * time.Millisecond)
+				d.Gap("b", 3*time.Millisecond, now)
+				d.Gap("c", 3*time.Millisecond, now)
+				d.Gap("d", 30*time.Millisecond, now)
+				d.Work("b", 100)
+				d.Work("c", 100)
+				d.Work("d", tc.tps)
+				changes = append(changes, round(d, now, map[string]time.Duration{"b": time.Millisecond, "c": time.Millisecond, "d": tc.probeD})...)
+			}
+			if got := slices.Contains(d.Slow(), "d"); got != tc.slow {
+				t.Fatalf("d slow: %v, want %v (changes %+v)", got, tc.slow, changes)
+			}
+			if tc.slow && (changes[0].TPS != tc.tps || changes[0].TPSBase != 100) {
+				t.Errorf("the change names tokens a second %g against %g, want %g against 100", changes[0].TPS, changes[0].TPSBase, tc.tps)
+			}
+		})
+	}
+}
+
 // TestNoOutlierAlone: with one peer observed there is nothing to compare with, and the
 // floor keeps a peer a few milliseconds slower than the others from being an outlier.
 func TestNoOutlierAlone(t *testing.T) {

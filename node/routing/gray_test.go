@@ -12,20 +12,15 @@ func (c *cluster) probeRound(rtts map[string]time.Duration) {
 	for id, d := range rtts {
 		c.entry.v.speed.probe(id, d)
 	}
-	if c.entry.v.speed.judge(c.IDs()) {
+	live := map[string]float64{}
+	for id := range c.peers {
+		live[id] = 0
+	}
+	if c.entry.v.speed.judge(live) {
 		c.entry.v.mu.Lock()
 		c.entry.v.updateDegraded()
 		c.entry.v.mu.Unlock()
 	}
-}
-
-// IDs are the entry's peers.
-func (c *cluster) IDs() []string {
-	var ids []string
-	for id := range c.peers {
-		ids = append(ids, id)
-	}
-	return ids
 }
 
 // A peer that answers its probes, slowly, is slow in this node's eyes after Gray.Enter
@@ -130,4 +125,33 @@ func TestGrayFailure(t *testing.T) {
 		t.Fatalf("restored after %d good rounds (degraded %v), want at least %d", rounds, a.v.degraded["d"], a.cfg.Gray.Exit)
 	}
 	t.Logf("restored after %d rounds", rounds)
+}
+
+// A peer whose tokens come slowly while it gossips that it generates twice the others'
+// tokens a second is busy, not slow: the view feeds the detector each member's gossiped
+// rate with its probe rounds. The same gaps from a peer generating its share make it slow.
+func TestBusyPeerNotSlow(t *testing.T) {
+	for _, tc := range []struct {
+		tps  int // d's gossiped tokens a second; b and c gossip 100
+		slow bool
+	}{{tps: 200}, {tps: 100, slow: true}} {
+		t.Run(fmt.Sprint("tps=", tc.tps), func(t *testing.T) {
+			c := newCluster(t, "b", "c", "d")
+			ms := c.members.list()
+			for i := range ms {
+				ms[i].Meta.Decode = map[bool]int{true: tc.tps, false: 100}[ms[i].Meta.ID == "d"]
+			}
+			c.members.set(ms...)
+			c.entry.v.Sync()
+			for range 3 * c.entry.cfg.Gray.Enter {
+				c.entry.v.speed.gap("b", 3*time.Millisecond)
+				c.entry.v.speed.gap("c", 3*time.Millisecond)
+				c.entry.v.speed.gap("d", 30*time.Millisecond)
+				c.entry.v.ProbeAll(t.Context())
+			}
+			if got := slices.Contains(c.entry.v.speed.slow(), "d"); got != tc.slow {
+				t.Errorf("d, gossiping %d tokens a second against the others' 100, slow: %v; want %v", tc.tps, got, tc.slow)
+			}
+		})
+	}
 }

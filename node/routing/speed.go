@@ -2,6 +2,8 @@ package routing
 
 import (
 	"log/slog"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -38,15 +40,20 @@ func (s *speeds) gap(peer string, gap time.Duration) {
 	s.d.Gap(peer, gap, s.clock.Now())
 }
 
-// judge compares the peers' speeds after a probe round (live lists the peers that count)
-// and reports whether this node's verdict on any of them changed.
-func (s *speeds) judge(live []string) bool {
+// judge compares the peers' speeds after a probe round (live lists the peers that count,
+// with the tokens a second each gossips it generates) and reports whether this node's
+// verdict on any of them changed.
+func (s *speeds) judge(live map[string]float64) bool {
 	s.mu.Lock()
-	changes := s.d.Judge(live, s.clock.Now())
+	for id, tps := range live {
+		s.d.Work(id, tps)
+	}
+	changes := s.d.Judge(slices.Collect(maps.Keys(live)), s.clock.Now())
 	s.mu.Unlock()
 	for _, c := range changes {
 		s.log.Info("peer speed verdict changed", "peer", c.Peer, "slow", c.Slow,
-			"probe_ms", c.ProbeMS, "probe_base_ms", c.ProbeBaseMS, "gap_ms", c.GapMS, "gap_base_ms", c.GapBaseMS)
+			"probe_ms", c.ProbeMS, "probe_base_ms", c.ProbeBaseMS, "gap_ms", c.GapMS, "gap_base_ms", c.GapBaseMS,
+			"tps", c.TPS, "tps_base", c.TPSBase)
 	}
 	return len(changes) > 0
 }

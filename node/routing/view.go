@@ -382,10 +382,10 @@ func (v *view) ProbeAll(ctx context.Context) {
 		v.commit()
 	}
 	v.mu.Lock()
-	var live []string
+	live := map[string]float64{}
 	for id, m := range v.members {
 		if serving(m) {
-			live = append(live, id)
+			live[id] = float64(m.Meta.Decode)
 		}
 	}
 	v.mu.Unlock()
