@@ -7,7 +7,8 @@
 // peer whose average is an outlier against the others' (more than Factor times their
 // lower median, and Floor more) for Enter judging rounds more than it is not is slow in
 // this node's eyes, and stops being so after Exit such rounds back under half that margin
-// (hysteresis). Each node gossips the peers it finds slow; a member is degraded when more
+// (hysteresis). Token gaps are excused while the peer generates more tokens a second than
+// the peers' lower median (Busy): busy, not slow. Each node gossips the peers it finds slow; a member is degraded when more
 // than half of the members that observe it say so (Degraded), a verdict every node
 // computes alike from gossip. A degraded node keeps Share of the conversations it owns
 // (Aside); the others go to their next owner while it is degraded. It stays on every ring:
