@@ -8,11 +8,11 @@
 // lower median, and Floor more) for Enter judging rounds more than it is not is slow in
 // this node's eyes, and stops being so after Exit such rounds back under half that margin
 // (hysteresis). Token gaps are excused while the peer generates more tokens a second than
-// the peers' lower median (Busy): busy, not slow. Each node gossips the peers it finds slow; a member is degraded when more
-// than half of the members that observe it say so (Degraded), a verdict every node
-// computes alike from gossip. A degraded node keeps Share of the conversations it owns
-// (Aside); the others go to their next owner while it is degraded. It stays on every ring:
-// a slow node must not become a dead one.
+// the peers' lower median (Busy): busy, not slow. Each node gossips the peers it finds
+// slow; a member is degraded when more than half of the members that observe it say so
+// (Degraded), a verdict every node computes alike from gossip. A degraded node keeps
+// Share of the conversations it owns (Aside); the others go to their next owner while it
+// is degraded. It stays on every ring: a slow node must not become a dead one.
 //
 // The package is a state machine fed observations, like ring.Health: no clock (times come
 // from the caller), no goroutines, no I/O, no locks (the caller serializes).
@@ -139,7 +139,7 @@ type Change struct {
 	Peer                                   string
 	Slow                                   bool
 	ProbeMS, ProbeBaseMS, GapMS, GapBaseMS float64
-	TPS, TPSBase                           float64 // tokens a second: the peer's, the others' lower median
+	TPS, TPSBase                           float64 // tokens a second: the peer's, the peers' lower median
 }
 
 // Judge compares the peers' speeds after a probe round, at now (live lists the peers that
