@@ -76,14 +76,21 @@ func BenchmarkDecode(b *testing.B) {
 // the mask hides other sequences' cells, but flash attention still reads the mask of
 // every cell, for every head of every layer. So n streams decode slower when the other
 // sequences hold long idle histories (cached for their follow-ups) than when they hold
-// none.
+// none; "idle=6-host" is the same six histories with Config.HostKV, which moves them to
+// host memory once the streams have decoded beside them for a few steps.
 func BenchmarkIdleCells(b *testing.B) {
-	for _, idle := range []int{0, 6} {
+	for _, c := range []struct {
+		name string
+		idle int
+		host bool
+	}{{"idle=0", 0, false}, {"idle=6", 6, false}, {"idle=6-host", 6, true}} {
 		for _, n := range []int{1, 2} {
-			b.Run(fmt.Sprintf("idle=%d/seqs=%d", idle, n), func(b *testing.B) {
-				e := benchEngine(b, nil)
+			b.Run(fmt.Sprintf("%s/seqs=%d", c.name, n), func(b *testing.B) {
+				// Six histories of this model fill more than one pool's cells (the
+				// default bound of host memory): give host memory two.
+				e := benchEngine(b, func(cfg *Config) { cfg.HostKV, cfg.HostCells = c.host, 2*cfg.Cells })
 				history := strings.Repeat(" a long and winding tale of the sea", 150) // about 1,300 tokens
-				for i := range idle {
+				for i := range c.idle {
 					s, err := e.Submit(context.Background(), infer.Request{SessionID: fmt.Sprint("idle-", i),
 						Prompt: fmt.Sprintf("story %d:", i) + history, MaxTokens: 1, Sampling: infer.Sampling{TopP: 1}})
 					if err != nil {
@@ -104,6 +111,7 @@ func BenchmarkIdleCells(b *testing.B) {
 				b.ReportMetric(tokens/seconds, "tok/s")
 				b.ReportMetric(float64(st.StepTimeMicros-before.StepTimeMicros)/float64(st.Steps-before.Steps)/1000, "ms/step")
 				b.ReportMetric(float64(before.KVUsed), "idle-cells")
+				b.ReportMetric(float64(st.HostTokens), "host-tokens")
 				b.ReportMetric(0, "ns/op")
 			})
 		}

@@ -60,6 +60,16 @@ type Config struct {
 	// QueueTimeout is how long a request may wait for admission before it is refused with
 	// ErrOverloaded. Default 30s.
 	QueueTimeout time.Duration
+	// HostKV moves an idle conversation's KV cells out of a unified pool into host memory
+	// once requests have decoded beside it for a few steps, and back when its next turn
+	// comes (a copy of tens of megabytes, against a prefill of its history). Every token
+	// a step decodes reads the pool's whole used range of cells, idle conversations' too
+	// (docs/BENCHMARKS.md, "the idle histories' cells"), so cached histories slow every
+	// stream beside them. Default true.
+	HostKV bool
+	// HostCells is the most tokens whose KV HostKV keeps in host memory: the KV pool's
+	// memory again when 0 (the default), as Cells is.
+	HostCells int
 	// NoPreempt keeps a batch request in its sequence until it ends, instead of parking it
 	// (its KV copied out, to resume later) for an interactive request that finds no room:
 	// the comparison BenchmarkBatchPriority makes. Default false.
@@ -85,6 +95,7 @@ func DefaultConfig() Config {
 		PrefillSlice:     100 * time.Millisecond, // ~70 tokens a step on the realistic shape, 2 cores
 		Threads:          runtime.NumCPU(),       // the engine is the process's main work
 		UnifiedKV:        true,
+		HostKV:           true,
 		KVType:           "f16",
 		DefaultMaxTokens: 1024,
 		MaxQueue:         64,
@@ -107,6 +118,7 @@ func (c Config) Validate() error {
 	check(c.DefaultMaxTokens >= 1, "default max tokens must be at least 1, got %d", c.DefaultMaxTokens)
 	check(c.MaxPromptTokens >= 0, "max prompt tokens must not be negative, got %d", c.MaxPromptTokens)
 	check(c.SeqContext >= 0, "context per conversation must not be negative, got %d", c.SeqContext)
+	check(c.HostCells >= 0, "host KV cells must not be negative, got %d", c.HostCells)
 	check(c.MaxQueue >= 0, "max queue must not be negative, got %d", c.MaxQueue)
 	p.Positive("queue timeout", c.QueueTimeout)
 	p.Positive("prefill slice", c.PrefillSlice)

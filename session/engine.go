@@ -1,6 +1,7 @@
 package session
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -47,6 +48,11 @@ type Engine struct {
 	parked  []*job // batch requests preempted for interactive work, KV copied out; oldest first
 	tick    uint64 // step counter, the LRU clock
 	stalled int    // running requests the last step left waiting for cells to grow into
+	// hostTokens is the tokens of the conversations whose cells are in host memory (see
+	// stash), at most hostCells; spare holds buffers of restored ones for the next.
+	hostTokens int
+	hostCells  int
+	spare      [][]byte
 
 	stats     atomic.Pointer[infer.Stats]
 	ready     atomic.Bool
@@ -63,7 +69,10 @@ type slot struct {
 	lastUsed uint64
 	replica  bool         // imported as another node's copy: evicted first, until a turn runs here
 	origin   infer.Origin // how its cells came here (Local once a turn ran here)
-	share    string       // the prefix-sharing domain of the conversation (see infer.Request.Share)
+	// host is the sequence's state while its cells are out of the pool (see stash): its
+	// tokens are still this conversation's, its cells in llama.cpp free.
+	host  []byte
+	share string // the prefix-sharing domain of the conversation (see infer.Request.Share)
 }
 
 // job is an accepted request as the engine tracks it.
@@ -148,14 +157,15 @@ func newEngine(cfg Config, b Backend, log *slog.Logger) *Engine {
 	}
 	e := &Engine{
 		cfg: cfg, log: log, b: b, bos: bos, maxPiece: maxPiece, byteToken: byteToken,
-		batch:    NewBatch(cfg.BatchSize),
-		rng:      rand.New(rand.NewPCG(seed, seed>>32|1)),
-		cells:    b.Cells(),
-		seqCells: seqContext(cfg.SeqContext, b.TrainedContext(), b.SeqCells(), log),
-		share:    b.Cells() / cfg.Sequences,
-		wake:     make(chan struct{}, 1),
-		tasks:    make(chan func()),
-		stopped:  make(chan struct{}),
+		batch:     NewBatch(cfg.BatchSize),
+		rng:       rand.New(rand.NewPCG(seed, seed>>32|1)),
+		cells:     b.Cells(),
+		seqCells:  seqContext(cfg.SeqContext, b.TrainedContext(), b.SeqCells(), log),
+		share:     b.Cells() / cfg.Sequences,
+		hostCells: cmp.Or(cfg.HostCells, b.Cells()),
+		wake:      make(chan struct{}, 1),
+		tasks:     make(chan func()),
+		stopped:   make(chan struct{}),
 	}
 	for i := range cfg.Sequences {
 		e.slots = append(e.slots, &slot{seq: i})
@@ -399,6 +409,7 @@ func (e *Engine) Run(ctx context.Context) error {
 		}
 		e.expire(stats)
 		e.admit(stats)
+		e.stash(stats)
 		if len(e.jobs) == 0 {
 			e.publishStats(stats)
 			timeout := e.nextDeadline()

@@ -800,3 +800,33 @@ func TestPreemptionMatchesAlone(t *testing.T) {
 		t.Errorf("preempted (%d tokens): %q\nalone: %q", res.CompletionTokens, got, want)
 	}
 }
+
+// TestHostKVMatchesUninterrupted: a conversation whose cells went to host memory while
+// another stream decoded (Config.HostKV) continues, from cells put back, exactly as an
+// uninterrupted run of the real pretrained model does, llama2.c's reference first.
+func TestHostKVMatchesUninterrupted(t *testing.T) {
+	path := testenv.SharedModel(t, "stories260K.gguf")
+	e := startEngine(t, func(c *Config) { c.ModelPath = path })
+	const prompt = "Once upon a time"
+	first, _ := generate(t, e, greedy("k", prompt, 60))
+	if first != testenv.Stories260KOnceUponATime {
+		t.Fatalf("first turn %q, want the reference %q", first, testenv.Stories260KOnceUponATime)
+	}
+	uninterrupted, _ := generate(t, e, greedy("", prompt, 100))
+	bg, err := e.Submit(t.Context(), greedy("bg", "One day, a little bird", 200))
+	if err != nil {
+		t.Fatal(err)
+	}
+	poll.Until(t, 30*time.Second, "the idle conversation to move to host memory", func() bool { return e.Stats().HostTokens > 0 })
+	if _, _, err := bg.Collect(); err != nil {
+		t.Fatal(err)
+	}
+	held := e.Stats().HostTokens
+	rest, r := generate(t, e, greedy("k", prompt+first, 40))
+	if r.CachedTokens < held-1 {
+		t.Errorf("the next turn found %d of its %d prompt tokens cached, want the %d held in host memory (less the last)", r.CachedTokens, r.PromptTokens, held)
+	}
+	if first+rest != uninterrupted {
+		t.Errorf("after host memory:\n%q\nuninterrupted:\n%q", first+rest, uninterrupted)
+	}
+}

@@ -60,7 +60,11 @@ func (e *Engine) Snapshot(ctx context.Context, key string) (*Snapshot, error) {
 		for _, s := range e.slots {
 			if s.key == key && s.job == nil && len(s.tokens) > 0 {
 				tokens, share = append([]int32(nil), s.tokens...), s.share
-				state, err = e.b.SeqState(s.seq, *buf)
+				if s.host != nil { // its cells are in host memory (see stash)
+					state = append((*buf)[:0], s.host...)
+				} else {
+					state, err = e.b.SeqState(s.seq, *buf)
+				}
 				if cap(state) > cap(*buf) {
 					*buf = state
 				}

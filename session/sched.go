@@ -209,14 +209,23 @@ func (e *Engine) place(j *job) (placement, bool) {
 		// The last prompt token is always decoded again: its logits start generation.
 		p.reuse = min(p.reuse, len(j.prompt)-1)
 	}
-	if from, n := e.sharedPrefix(j.prompt, j.req.Share, p.slot); n > p.reuse {
+	if from, n := e.sharedPrefix(j.prompt, j.req.Share, p.slot, true); n > p.reuse {
 		p.from, p.reuse = from, n
 	}
 	if j.req.PromptLogprobs {
 		p.from, p.reuse = nil, 0 // every prompt token's logits are wanted: none is reused
 	}
+	// Cells in host memory come back whole before what the prompt does not share is
+	// removed (see start).
+	cells := e.firstClaim(j)
+	switch {
+	case p.from != nil && p.from.host != nil:
+		cells += len(p.from.tokens)
+	case p.from == nil && p.reuse > 0 && p.slot.host != nil:
+		cells = max(cells, len(p.slot.tokens))
+	}
 	var ok bool
-	p.evict, ok = e.roomFor(p.slot, e.firstClaim(j), p.from)
+	p.evict, ok = e.roomFor(p.slot, cells, p.from)
 	return p, ok
 }
 
@@ -226,15 +235,17 @@ func (e *Engine) place(j *job) (placement, bool) {
 // looked at: a tenant must not be able to tell (by counters or by time) whether another's
 // prompt began the way its own does. In a unified pool the cells are shared, not copied
 // (llama.cpp's seq_cp marks them as the other sequence's too), so a request whose
-// beginning another conversation holds, idle or running, prefills only the rest.
-func (e *Engine) sharedPrefix(prompt []int32, share string, target *slot) (*slot, int) {
+// beginning another conversation holds, idle or running, prefills only the rest. A slot
+// whose cells are in host memory (see stash) serves only when hosted is true: the caller
+// puts them back first.
+func (e *Engine) sharedPrefix(prompt []int32, share string, target *slot, hosted bool) (*slot, int) {
 	if !e.cfg.UnifiedKV {
 		return nil, 0
 	}
 	var best *slot
 	n := 0
 	for _, s := range e.slots {
-		if s == target || s.share != share {
+		if s == target || s.share != share || (s.host != nil && !hosted) {
 			continue
 		}
 		if k := commonPrefix(s.tokens, prompt); k > n {
@@ -267,7 +278,7 @@ func (e *Engine) slotFor(key string) *slot {
 			return s
 		}
 	}
-	return e.lru(nil)
+	return e.lru(nil, false)
 }
 
 // roomFor is the idle conversations to evict, least recently used first, so that target
@@ -278,10 +289,10 @@ func (e *Engine) roomFor(target *slot, cells int, keep *slot) (evict []*slot, ok
 	if !e.cfg.UnifiedKV {
 		return nil, true
 	}
-	used := e.claimed() - len(target.tokens)
+	used := e.claimed() - target.poolCells()
 	exclude := []*slot{target, keep}
 	for used+cells > e.cells {
-		victim := e.lru(exclude)
+		victim := e.lru(exclude, true)
 		if victim == nil {
 			return nil, false
 		}
@@ -305,7 +316,7 @@ func (e *Engine) claimed() int {
 		if s.job != nil {
 			n += s.job.claim
 		} else {
-			n += len(s.tokens)
+			n += s.poolCells()
 		}
 	}
 	return n
@@ -321,7 +332,7 @@ func (e *Engine) room(j *job, stats *infer.Stats) bool {
 	want := min(e.share, len(j.prompt)+j.maxTokens-j.claim)
 	free := e.cells - e.claimed()
 	for free < want {
-		victim := e.lru(nil)
+		victim := e.lru(nil, true)
 		if victim == nil {
 			break
 		}
@@ -338,11 +349,12 @@ func (e *Engine) room(j *job, stats *infer.Stats) bool {
 
 // lru is the idle slot holding tokens, not among exclude, to evict first: a replica (a
 // copy kept for another node's conversation) before a conversation this node serves, and
-// the least recently used among equals.
-func (e *Engine) lru(exclude []*slot) *slot {
+// the least recently used among equals. inPool: only slots whose cells are in the pool
+// (evicting one whose cells are in host memory frees none).
+func (e *Engine) lru(exclude []*slot, inPool bool) *slot {
 	var best *slot
 	for _, s := range e.slots {
-		if s.job != nil || len(s.tokens) == 0 || slices.Contains(exclude, s) {
+		if s.job != nil || len(s.tokens) == 0 || slices.Contains(exclude, s) || (inPool && s.host != nil) {
 			continue
 		}
 		if best == nil || (s.replica && !best.replica) || (s.replica == best.replica && s.lastUsed < best.lastUsed) {
@@ -397,6 +409,7 @@ func (e *Engine) start(j *job, p placement, stats *infer.Stats) {
 		e.drop(s)
 		stats.Evictions++
 	}
+	e.restore(&p)
 	cached := p.reuse // from the conversation's own cache
 	if p.from != nil {
 		e.shareCells(s, p.from, p.reuse)
@@ -427,8 +440,25 @@ func (e *Engine) start(j *job, p placement, stats *infer.Stats) {
 		"reused", p.reuse, "max_tokens", j.maxTokens, "evicted", len(p.evict))
 }
 
+// restore puts the cells a placement reuses back into the pool when they are in host
+// memory (see stash), and forgets a host copy of the slot's own that it does not reuse.
+// A copy that fails to restore is prefilled again.
+func (e *Engine) restore(p *placement) {
+	if p.from != nil && p.from.host != nil && e.unstash(p.from) != nil {
+		p.from, p.reuse = nil, 0
+	}
+	if s := p.slot; s.host != nil {
+		if p.from != nil || p.reuse == 0 {
+			e.drop(s)
+		} else if e.unstash(s) != nil {
+			p.reuse = 0
+		}
+	}
+}
+
 // drop forgets a slot's conversation and frees its KV cells.
 func (e *Engine) drop(s *slot) {
+	e.forget(s)
 	e.b.SeqRemove(s.seq, 0, -1)
 	e.held.Delete(s.key)
 	s.tokens, s.key = s.tokens[:0], ""
@@ -513,7 +543,7 @@ func (e *Engine) catchUp(stats *infer.Stats) {
 			continue
 		}
 		done := len(j.slot.tokens)
-		from, n := e.sharedPrefix(j.prompt, j.req.Share, j.slot)
+		from, n := e.sharedPrefix(j.prompt, j.req.Share, j.slot, false)
 		if n <= done {
 			continue
 		}
@@ -798,6 +828,7 @@ func (e *Engine) logprob(row []float32, tok int32, top int) infer.TokenLogprob {
 func (e *Engine) publishStats(counters *infer.Stats) {
 	s := *counters
 	s.Sequences, s.KVCells, s.Running, s.Parked = len(e.slots), e.cells, len(e.jobs), len(e.parked)
+	s.HostTokens = e.hostTokens
 	if e.b != nil {
 		for _, sl := range e.slots {
 			used := e.b.SeqPosMax(sl.seq) + 1

@@ -569,3 +569,110 @@ func statsUntil(e *Engine, cond func(infer.Stats) bool) infer.Stats {
 		}
 	}
 }
+
+// TestFakeHostKV: an idle conversation beside a decoding stream has its cells moved out
+// of the pool to host memory after stashAfter steps (Config.HostKV), its KV frame
+// unchanged; its next turn finds its history cached all the same, and another conversation
+// still shares its beginning. Host memory holds at most Cells tokens; without HostKV, or
+// without a unified pool, nothing moves.
+func TestFakeHostKV(t *testing.T) {
+	system := strings.Repeat("you answer about rivers ", 10) // 40 words
+	first := system + "the river runs to the sea"
+	background := func(t *testing.T, e *Engine, n int) *Stream {
+		st, err := e.Submit(t.Context(), infer.Request{SessionID: "bg", Prompt: "keep on going", MaxTokens: n, Sampling: infer.Greedy()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	t.Run("moved and back", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			e, _, stop := startFake(t, nil)
+			defer stop()
+			text, _, _ := ask(t, e, "conv", first, 4)
+			var before bytes.Buffer
+			held, err := e.Export(t.Context(), "conv", &before)
+			if err != nil {
+				t.Fatal(err)
+			}
+			bg := background(t, e, 50)
+			st := statsUntil(e, func(s infer.Stats) bool { return s.HostTokens > 0 })
+			if st.HostMoves != 1 || st.HostTokens != held || st.Conversations != 1 || !e.Holds("conv") {
+				t.Errorf("beside a stream: %d moved, %d tokens in host memory, %d conversations, held %v; want 1, %d, 1, true",
+					st.HostMoves, st.HostTokens, st.Conversations, e.Holds("conv"), held)
+			}
+			if st.KVUsed != st.KVActive {
+				t.Errorf("%d cells used, %d of them running: the idle conversation's are still in the pool", st.KVUsed, st.KVActive)
+			}
+			var after bytes.Buffer
+			if _, err := e.Export(t.Context(), "conv", &after); err != nil || !bytes.Equal(before.Bytes(), after.Bytes()) {
+				t.Errorf("the frame from host memory differs from the pool's (err %v)", err)
+			}
+			next := first + text + " and then"
+			text2, _, cached := ask(t, e, "conv", next, 4)
+			if cached != held || text2 != answer(next, 4) {
+				t.Errorf("next turn: %d cached, %q; want %d, %q", cached, text2, held, answer(next, 4))
+			}
+			if st := e.Stats(); st.HostTokens != 0 {
+				t.Errorf("%d tokens still in host memory after the next turn", st.HostTokens)
+			}
+			if _, _, err := bg.Collect(); err != nil {
+				t.Fatal(err)
+			}
+		})
+	})
+	t.Run("shared from host memory", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			e, _, stop := startFake(t, nil)
+			defer stop()
+			ask(t, e, "a", first, 3)
+			bg := background(t, e, 50)
+			statsUntil(e, func(s infer.Stats) bool { return s.HostTokens > 0 })
+			p := system + "second question here"
+			text, _, _ := ask(t, e, "b", p, 3)
+			if st := e.Stats(); st.SharedTokens != 1+40 || text != answer(p, 3) {
+				t.Errorf("a beginning held in host memory: %d tokens shared, %q; want 41, %q", st.SharedTokens, text, answer(p, 3))
+			}
+			bg.Collect()
+		})
+	})
+	t.Run("bounded", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			e, _, stop := startFake(t, func(c *Config) { c.Cells = 136 })
+			defer stop()
+			ask(t, e, "a", first, 3) // 49 tokens each
+			ask(t, e, "b", strings.Replace(first, "rivers", "lakes", 1), 3)
+			bg := background(t, e, 30)
+			st := statsUntil(e, func(s infer.Stats) bool { return s.HostTokens > 0 })
+			bg.Collect()
+			if st = e.Stats(); st.HostMoves != 2 || st.HostTokens != 2*49 {
+				t.Errorf("%d moved, %d tokens in host memory; want 2, 98", st.HostMoves, st.HostTokens)
+			}
+			ask(t, e, "c", strings.Replace(first, "rivers", "seas", 1), 3)
+			bg = background(t, e, 30)
+			bg.Collect()
+			if st = e.Stats(); st.HostTokens > 136 || st.HostMoves != 2 {
+				t.Errorf("%d moved, %d tokens in host memory; want 2 and at most the pool's 136", st.HostMoves, st.HostTokens)
+			}
+		})
+	})
+	for _, c := range []struct {
+		name string
+		edit func(*Config)
+	}{
+		{"off", func(c *Config) { c.HostKV = false }},
+		{"partitioned", func(c *Config) { c.UnifiedKV = false }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				e, _, stop := startFake(t, c.edit)
+				defer stop()
+				ask(t, e, "conv", first, 4)
+				background(t, e, 50).Collect()
+				if st := e.Stats(); st.HostMoves != 0 {
+					t.Errorf("%d moved to host memory", st.HostMoves)
+				}
+			})
+		})
+	}
+}

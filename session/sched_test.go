@@ -128,11 +128,11 @@ func TestOverloadedRetryAfter(t *testing.T) {
 // conversation served here, however recently it came.
 func TestReplicasEvictedFirst(t *testing.T) {
 	e := testEngine(1000, true, slotSpec{key: "a", tokens: 10, used: 1}, slotSpec{key: "b", tokens: 10, used: 9}, slotSpec{key: "c", tokens: 10, used: 5})
-	if v := e.lru(nil); v.key != "a" {
+	if v := e.lru(nil, false); v.key != "a" {
 		t.Fatalf("without replicas the least recently used goes first: got %q", v.key)
 	}
 	e.slots[1].replica = true
-	if v := e.lru(nil); v.key != "b" {
+	if v := e.lru(nil, false); v.key != "b" {
 		t.Errorf("evicted %q first, want the replica b", v.key)
 	}
 }

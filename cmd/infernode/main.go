@@ -133,6 +133,8 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&ec.PrefillSlice, "prefill-slice", ec.PrefillSlice, "longest a step prefills while others decode or wait, at the measured rate (shortest prompt first)")
 	fs.IntVar(&ec.Threads, "threads", ec.Threads, "CPU threads for inference")
 	fs.BoolVar(&ec.UnifiedKV, "kv-unified", ec.UnifiedKV, "one KV pool shared by all sequences (false: fixed partitions)")
+	fs.BoolVar(&ec.HostKV, "kv-host", ec.HostKV, "move idle conversations' KV cells out of the unified pool into host memory until their next turn")
+	fs.IntVar(&ec.HostCells, "kv-host-cells", ec.HostCells, "the most tokens of KV --kv-host keeps in host memory (0: as many as --ctx)")
 	fs.StringVar(&ec.KVType, "kv-type", ec.KVType, "KV cache type: f16, q8_0 or q4_0")
 	fs.BoolVar(&ec.MMap, "mmap", ec.MMap, "map the model file rather than read its weights into memory: starts sooner and shares pages with other processes mapping it, but a file's tensors may lie off the cache lines and decode slower")
 	fs.IntVar(&ec.MaxQueue, "max-queue", ec.MaxQueue, "requests that may wait for a sequence")

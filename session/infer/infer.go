@@ -346,6 +346,8 @@ type Stats struct {
 	Generated      uint64
 	Evictions      uint64 // idle conversations evicted to make room
 	Preemptions    uint64 // batch requests parked, their KV copied out, to make room for interactive ones
+	HostMoves      uint64 // idle conversations whose cells were moved out of the pool to host memory
+	HostTokens     int    // tokens of the idle conversations whose cells are in host memory now
 	Canceled       uint64 // requests ended by their context
 	Refused        uint64 // requests refused as overloaded
 	Steps          uint64

@@ -1,0 +1,102 @@
+package session
+
+import (
+	"fmt"
+
+	"github.com/infernode/infernode/session/infer"
+)
+
+// Idle conversations' cells in host memory (Config.HostKV). llama.cpp's attention reads
+// every cell of a unified pool up to the highest one in use, for every token of every
+// step, and only then skips the cells the mask hides: a conversation kept for its next
+// turn costs every stream decoding beside it about 0.23 µs a cell a token on the realistic
+// shape (BenchmarkIdleCells). stash copies such a conversation's sequence state out and
+// frees its cells; its slot keeps the tokens, so routing, Holds, Snapshot and the next
+// turn's prefix match see it as before, and unstash puts the cells back (wherever
+// llama.cpp finds room: low in a pool emptied this way) when the next turn is admitted.
+
+// stashAfter is how many steps a conversation stays idle in the pool before it is moved
+// out. A move out and back copies its state twice (about 5 µs a cell on the realistic
+// shape) where a step with b tokens decoding pays 0.23b µs a cell: with a few streams
+// decoding the copies pay for themselves in ten steps or so, and a conversation whose
+// next turn comes within a few steps is left where it is.
+const stashAfter = 8
+
+// spareHostBufs is how many state buffers of restored conversations are kept for the next
+// stash: a fresh buffer of tens of megabytes costs page faults on the engine goroutine.
+const spareHostBufs = 2
+
+// poolCells is the cells of the pool slot s holds while idle: none while stashed.
+func (s *slot) poolCells() int {
+	if s.host != nil {
+		return 0
+	}
+	return len(s.tokens)
+}
+
+// stash moves the least recently used conversation that has stayed idle in the pool for
+// stashAfter steps out to host memory, while requests run beside it, if host memory holds
+// fewer than Config.Cells tokens with it. One a step: each is a copy on the engine
+// goroutine, between the streams' tokens.
+func (e *Engine) stash(stats *infer.Stats) {
+	if !e.cfg.HostKV || !e.cfg.UnifiedKV || len(e.jobs) == 0 {
+		return
+	}
+	var victim *slot
+	for _, s := range e.slots {
+		if s.job != nil || s.host != nil || len(s.tokens) == 0 || e.tick-s.lastUsed < stashAfter ||
+			e.hostTokens+len(s.tokens) > e.hostCells {
+			continue
+		}
+		if victim == nil || s.lastUsed < victim.lastUsed {
+			victim = s
+		}
+	}
+	if victim == nil {
+		return
+	}
+	var buf []byte
+	if n := len(e.spare); n > 0 {
+		buf, e.spare = e.spare[n-1], e.spare[:n-1]
+	}
+	state, err := e.b.SeqState(victim.seq, buf)
+	if err != nil || len(state) == 0 {
+		e.log.Warn("moving an idle conversation to host memory failed: it stays in the pool",
+			"session", victim.key, "tokens", len(victim.tokens), "err", err)
+		return
+	}
+	e.b.SeqRemove(victim.seq, 0, -1)
+	victim.host = state
+	e.hostTokens += len(victim.tokens)
+	stats.HostMoves++
+	e.log.Debug("idle conversation moved to host memory", "session", victim.key, "tokens", len(victim.tokens), "bytes", len(state))
+}
+
+// unstash puts a stashed conversation's cells back into the pool. On failure the
+// conversation is dropped, as an eviction would.
+func (e *Engine) unstash(s *slot) error {
+	err := e.b.SetSeqState(s.seq, s.host)
+	if err == nil && e.b.SeqPosMax(s.seq) != len(s.tokens)-1 {
+		err = fmt.Errorf("the state holds positions up to %d, the conversation %d tokens", e.b.SeqPosMax(s.seq), len(s.tokens))
+	}
+	if err != nil {
+		e.log.Warn("restoring a conversation from host memory failed: its history is prefilled again",
+			"session", s.key, "tokens", len(s.tokens), "err", err)
+		e.drop(s)
+		return err
+	}
+	e.forget(s)
+	return nil
+}
+
+// forget releases a stashed slot's host copy (its buffer kept for the next stash).
+func (e *Engine) forget(s *slot) {
+	if s.host == nil {
+		return
+	}
+	if len(e.spare) < spareHostBufs {
+		e.spare = append(e.spare, s.host[:0])
+	}
+	e.hostTokens -= len(s.tokens)
+	s.host = nil
+}
