@@ -2,6 +2,7 @@ package session
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/infernode/infernode/session/infer"
 )
@@ -59,6 +60,7 @@ func (e *Engine) stash(stats *infer.Stats) {
 	if n := len(e.spare); n > 0 {
 		buf, e.spare = e.spare[n-1], e.spare[:n-1]
 	}
+	start := time.Now()
 	state, err := e.b.SeqState(victim.seq, buf)
 	if err != nil || len(state) == 0 {
 		e.log.Warn("moving an idle conversation to host memory failed: it stays in the pool",
@@ -69,12 +71,14 @@ func (e *Engine) stash(stats *infer.Stats) {
 	victim.host = state
 	e.hostTokens += len(victim.tokens)
 	stats.HostMoves++
-	e.log.Debug("idle conversation moved to host memory", "session", victim.key, "tokens", len(victim.tokens), "bytes", len(state))
+	e.log.Debug("idle conversation moved to host memory", "session", victim.key, "tokens", len(victim.tokens),
+		"bytes", len(state), "took", time.Since(start))
 }
 
 // unstash puts a stashed conversation's cells back into the pool. On failure the
 // conversation is dropped, as an eviction would.
 func (e *Engine) unstash(s *slot) error {
+	start := time.Now()
 	err := e.b.SetSeqState(s.seq, s.host)
 	if err == nil && e.b.SeqPosMax(s.seq) != len(s.tokens)-1 {
 		err = fmt.Errorf("the state holds positions up to %d, the conversation %d tokens", e.b.SeqPosMax(s.seq), len(s.tokens))
@@ -86,6 +90,7 @@ func (e *Engine) unstash(s *slot) error {
 		return err
 	}
 	e.forget(s)
+	e.log.Debug("conversation restored from host memory", "session", s.key, "tokens", len(s.tokens), "took", time.Since(start))
 	return nil
 }
 
