@@ -69,10 +69,10 @@ type slot struct {
 	lastUsed uint64
 	replica  bool         // imported as another node's copy: evicted first, until a turn runs here
 	origin   infer.Origin // how its cells came here (Local once a turn ran here)
+	share    string       // the prefix-sharing domain of the conversation (see infer.Request.Share)
 	// host is the sequence's state while its cells are out of the pool (see stash): its
 	// tokens are still this conversation's, its cells in llama.cpp free.
-	host  []byte
-	share string // the prefix-sharing domain of the conversation (see infer.Request.Share)
+	host []byte
 }
 
 // job is an accepted request as the engine tracks it.

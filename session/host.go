@@ -37,7 +37,7 @@ func (s *slot) poolCells() int {
 
 // stash moves the least recently used conversation that has stayed idle in the pool for
 // stashAfter steps out to host memory, while requests run beside it, if host memory holds
-// fewer than Config.Cells tokens with it. One a step: each is a copy on the engine
+// at most Config.HostCells tokens with it. One a step: each is a copy on the engine
 // goroutine, between the streams' tokens.
 func (e *Engine) stash(stats *infer.Stats) {
 	if !e.cfg.HostKV || !e.cfg.UnifiedKV || len(e.jobs) == 0 {
@@ -63,6 +63,9 @@ func (e *Engine) stash(stats *infer.Stats) {
 	start := time.Now()
 	state, err := e.b.SeqState(victim.seq, buf)
 	if err != nil || len(state) == 0 {
+		if buf != nil {
+			e.spare = append(e.spare, buf[:0])
+		}
 		e.log.Warn("moving an idle conversation to host memory failed: it stays in the pool",
 			"session", victim.key, "tokens", len(victim.tokens), "err", err)
 		return
