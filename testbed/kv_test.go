@@ -87,13 +87,7 @@ func TestJoinRecomputesOnSlowLink(t *testing.T) { testJoin(t, false, true, "--kv
 // warm (transfer) or cold, always with the old owner's text; settle waits for the old
 // owners' pushes first.
 func testJoin(t *testing.T, transfer, settle bool, args ...string) {
-	// The old owner's text is the oracle, so its pool must be laid out as a fresh node's:
-	// with the other idle conversations moved to host memory around each turn (--kv-host)
-	// the old owner's answer differed at one of this random-weight model's near-ties ("
-	// big" five times, not four) while the new owner, cold or from the old owner's own
-	// cache, agreed with each other. The moves' exactness is
-	// TestHostKVMatchesUninterrupted's (session, on a pretrained model).
-	c := startCluster(t, 2, append([]string{"--kv-host=false"}, args...)...)
+	c := startCluster(t, 2, args...)
 	var convs []movedConv
 	for i := range 12 {
 		m := []message{{"system", fmt.Sprintf("story %d: %s", i, strings.Repeat("a long and winding tale ", 20))}, {"user", "begin"}}
