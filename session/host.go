@@ -17,10 +17,14 @@ import (
 // llama.cpp finds room: low in a pool emptied this way) when the next turn is admitted.
 
 // stashAfter is how many steps a conversation stays idle in the pool before it is moved
-// out. A move out and back copies its state twice (about 5 µs a cell on the realistic
-// shape) where a step with b tokens decoding pays 0.23b µs a cell: with a few streams
-// decoding the copies pay for themselves in ten steps or so, and a conversation whose
-// next turn comes within a few steps is left where it is.
+// out, so that one whose next turn comes within a few steps is left where it is. A move
+// out and back is not cheap: measured on the realistic shape under open-loop load, out
+// 3.5-109 µs a cell (median 69: a history's cells lie scattered in the pool, and
+// llama.cpp copies each run of them layer by layer), back 2.7-10 µs (median 4.6, into
+// one run), where a step with b tokens decoding pays 0.23b µs a cell it reads. So a move
+// pays for itself only after a few hundred tokens decoded beside the history; it does
+// for a conversation whose last turn is over, and the measured load gained on the whole
+// (docs/BENCHMARKS.md). A threshold from the expected reuse is not built.
 const stashAfter = 8
 
 // spareHostBufs is how many state buffers of restored conversations are kept for the next
