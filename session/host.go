@@ -1,7 +1,6 @@
 package session
 
 import (
-	"fmt"
 	"time"
 
 	"github.com/infernode/infernode/session/infer"
@@ -87,14 +86,10 @@ func (e *Engine) stash(stats *infer.Stats) {
 // conversation is dropped, as an eviction would.
 func (e *Engine) unstash(s *slot) error {
 	start := time.Now()
-	err := e.b.SetSeqState(s.seq, s.host)
-	if err == nil && e.b.SeqPosMax(s.seq) != len(s.tokens)-1 {
-		err = fmt.Errorf("the state holds positions up to %d, the conversation %d tokens", e.b.SeqPosMax(s.seq), len(s.tokens))
-	}
-	if err != nil {
+	key, tokens := s.key, len(s.tokens)
+	if err := e.setState(s, s.host, tokens); err != nil {
 		e.log.Warn("restoring a conversation from host memory failed: its history is prefilled again",
-			"session", s.key, "tokens", len(s.tokens), "err", err)
-		e.drop(s)
+			"session", key, "tokens", tokens, "err", err)
 		return err
 	}
 	e.forget(s)

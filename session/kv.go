@@ -201,22 +201,32 @@ func (e *Engine) install(key, share string, tokens []int32, state []byte, origin
 		e.drop(v)
 	}
 	e.drop(target)
-	if err := e.b.SetSeqState(target.seq, state); err != nil {
-		e.drop(target) // whatever llama.cpp half-restored
+	if err := e.setState(target, state, len(tokens)); err != nil {
 		return fmt.Errorf("%w: %w", infer.ErrFrame, err)
-	}
-	// The state must hold exactly the frame's tokens: a frame whose state says otherwise
-	// (forged, or cut from another conversation) would put cells at positions the engine
-	// does not account for, and the next decode would fail for every sequence in its batch.
-	if got := e.b.SeqPosMax(target.seq); got != len(tokens)-1 {
-		e.drop(target)
-		return fmt.Errorf("%w: the state holds positions up to %d, the frame %d tokens", infer.ErrFrame, got, len(tokens))
 	}
 	e.tick++ // the LRU clock: a later import is more recent, even with no step between
 	target.key, target.tokens, target.lastUsed, target.replica, target.share = key, append(target.tokens[:0], tokens...), e.tick, replica, share
 	target.origin = origin
 	e.hold(key)
 	return nil
+}
+
+// setState installs a sequence state into slot s's sequence, which must then hold exactly
+// tokens positions: a state that says otherwise (forged, or cut from another conversation)
+// would put cells at positions the engine does not account for, and the next decode would
+// fail for every sequence in its batch. On failure s is dropped, with whatever llama.cpp
+// half-restored.
+func (e *Engine) setState(s *slot, state []byte, tokens int) error {
+	err := e.b.SetSeqState(s.seq, state)
+	if err == nil {
+		if got := e.b.SeqPosMax(s.seq); got != tokens-1 {
+			err = fmt.Errorf("the state holds positions up to %d, for %d tokens", got, tokens)
+		}
+	}
+	if err != nil {
+		e.drop(s)
+	}
+	return err
 }
 
 // Holds reports whether conversation key has KV here (an approximation read without the
