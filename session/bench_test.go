@@ -89,7 +89,7 @@ func BenchmarkIdleCells(b *testing.B) {
 				// Six histories of this model fill more than one pool's cells (the
 				// default bound of host memory): give host memory two.
 				e := benchEngine(b, func(cfg *Config) { cfg.HostKV, cfg.HostCells = c.host, 2*cfg.Cells })
-				history := strings.Repeat(" a long and winding tale of the sea", 150) // about 1,300 tokens
+				history := strings.Repeat(" a long and winding tale of the sea", 150) // 1,955 tokens with the story line, on the realistic shape
 				for i := range c.idle {
 					s, err := e.Submit(context.Background(), infer.Request{SessionID: fmt.Sprint("idle-", i),
 						Prompt: fmt.Sprintf("story %d:", i) + history, MaxTokens: 1, Sampling: infer.Sampling{TopP: 1}})
