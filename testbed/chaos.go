@@ -29,9 +29,6 @@ type Scenario struct {
 	MinResumes int
 	// MinAffinity is the fewest conversations the affinity check must cover.
 	MinAffinity int
-	// MaxNearTies is the largest share of compared answers that may differ from the
-	// reference at a proven near-tie (see nearTie).
-	MaxNearTies float64
 	// NoResumes: the faults are graceful (a leave, a join, overload), so no answer may
 	// have moved mid-stream.
 	NoResumes bool
@@ -185,7 +182,7 @@ func RunScenario(ctx context.Context, cfg Config, s Scenario) (*Report, error) {
 		c.checkGray(rep, s)
 	}
 	c.checkIdle(ctx, rep, baseline, c.running())
-	c.checkAnswers(ctx, rep, cfg, s)
+	c.checkAnswers(ctx, rep, cfg)
 	rep.Took = time.Since(rep.Started)
 	return rep, nil
 }

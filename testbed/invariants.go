@@ -419,13 +419,25 @@ func goroutineCreators(log string, top int) string {
 // well over 0.5.
 const nearTie = 0.25
 
+// maxNearTies bounds the share of compared answers that may differ from the reference at
+// a proven near-tie (nearTie). On stories260K: 2-17% of 200-token answers differed at one
+// in the short suite's first runs; with KV replicas on, one leave-join run had 26% (14 of
+// 54, gaps at most 0.01: imports and evictions scatter a sequence's cells in the unified
+// pool, and attention sums over them in another order). Idle histories moved to host
+// memory and back (--kv-host) reshape the pool more: over the short-load scenarios
+// (pause-resume, loss, delay, slow-link; two runs each, AMD EPYC, 2026-12-04) 30-37% with
+// the moves, 17-31% without; one CI run failed at 20 of 54 under the earlier bound of
+// 35%. Every one of them is proven a near-tie (gaps at most 0.023 seen); what the bound
+// still catches is a change that makes most answers differ.
+const maxNearTies = 0.5
+
 // checkAnswers compares every completed answer, streamed or not, resumed or not, with the
 // reference: what a quiet standalone node (same binary and model, one request at a time)
 // answers to the same conversation and turn. Greedy decoding makes the two equal, except
 // where the two most likely tokens are nearly tied: a difference is accepted only when
 // the reference's own logprobs prove such a near-tie at the first differing token, and
-// only up to the scenario's bound.
-func (c *Cluster) checkAnswers(ctx context.Context, rep *Report, cfg Config, s Scenario) {
+// only up to maxNearTies of them.
+func (c *Cluster) checkAnswers(ctx context.Context, rep *Report, cfg Config) {
 	ref, stopRef, err := startReference(ctx, cfg)
 	if err != nil {
 		rep.Checks = append(rep.Checks, Check{Name: "every answer equals the reference", Detail: "reference node: " + err.Error()})
@@ -472,7 +484,7 @@ func (c *Cluster) checkAnswers(ctx context.Context, rep *Report, cfg Config, s S
 		bad = append(bad, fmt.Sprintf("%s, not a near-tie (%s):\n  got       %q\n  reference %q", what, proof, around(r.Text, d), around(want.text, d)))
 	}
 	rep.NearTies = len(ties)
-	maxTies := int(s.MaxNearTies * float64(rep.Compared))
+	maxTies := int(maxNearTies * float64(rep.Compared))
 	rep.Checks = append(rep.Checks, Check{Name: "every answer equals the reference", Pass: len(bad) == 0 && rep.Compared > 0 && len(ties) <= maxTies,
 		Detail: fmt.Sprintf("%d answers compared (%d resumed); %d differ at a proven near-tie (at most %d): %v; %d differ otherwise: %v",
 			rep.Compared, resumed, len(ties), maxTies, firstN(ties, 3), len(bad), firstN(bad, 3))})

@@ -21,7 +21,7 @@ func Upgrade(seed uint64, nodes int) Scenario {
 			Fault{At: at + 4*time.Second, Kind: "upgrade", Node: i, Detect: 15 * time.Second})
 	}
 	w.Duration = time.Second + time.Duration(nodes)*step + 8*time.Second
-	return Scenario{Name: "upgrade", Nodes: nodes, Workload: w, MaxFailures: 0, NoResumes: true, MinAffinity: 3, MaxNearTies: 0.35,
+	return Scenario{Name: "upgrade", Nodes: nodes, Workload: w, MaxFailures: 0, NoResumes: true, MinAffinity: 3,
 		Doc:    fmt.Sprintf("every one of %d nodes in turn leaves (SIGTERM) and comes back on the new binary, under chat load", nodes),
 		Faults: faults}
 }
