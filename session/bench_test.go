@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/infernode/infernode/internal/keep"
 	"github.com/infernode/infernode/internal/measure"
 	"github.com/infernode/infernode/session/infer"
 )
@@ -608,22 +609,31 @@ func BenchmarkKVFrame(b *testing.B) {
 
 // BenchmarkFirstTouch: what memory the process has not touched, or gave back to the
 // kernel, costs on its first touch: 32 MB allocated and written a byte a page, after
-// debug.FreeOSMemory. Why buffers of KV frames are kept (see stateBufs).
+// debug.FreeOSMemory; from make (4 KiB pages), or from keep.Fresh (marked for huge
+// pages). Why buffers of KV frames and of states in host memory are kept (see stateBufs,
+// Engine.spare), and fresh ones come from keep.Fresh.
 func BenchmarkFirstTouch(b *testing.B) {
 	const size = 32 << 20
-	var took time.Duration
-	n := 0
-	for b.Loop() {
-		debug.FreeOSMemory()
-		start := time.Now()
-		buf := make([]byte, size)
-		for i := 0; i < len(buf); i += os.Getpagesize() {
-			buf[i] = 1
-		}
-		took += time.Since(start)
-		n++
+	for _, c := range []struct {
+		name  string
+		alloc func(int) []byte
+	}{{"make", func(n int) []byte { return make([]byte, n) }}, {"fresh", func(n int) []byte { return keep.Fresh(n)[:n] }}} {
+		b.Run(c.name, func(b *testing.B) {
+			var took time.Duration
+			n := 0
+			for b.Loop() {
+				debug.FreeOSMemory()
+				start := time.Now()
+				buf := c.alloc(size)
+				for i := 0; i < len(buf); i += os.Getpagesize() {
+					buf[i] = 1
+				}
+				took += time.Since(start)
+				n++
+			}
+			b.ReportMetric(float64(took.Microseconds())/1000/float64(n), "ms/32MB")
+			b.ReportMetric(float64(took.Nanoseconds())/1000/float64(n)/float64(size/os.Getpagesize()), "µs/page")
+			b.ReportMetric(0, "ns/op")
+		})
 	}
-	b.ReportMetric(float64(took.Microseconds())/1000/float64(n), "ms/32MB")
-	b.ReportMetric(float64(took.Nanoseconds())/1000/float64(n)/float64(size/os.Getpagesize()), "µs/page")
-	b.ReportMetric(0, "ns/op")
 }

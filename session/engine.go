@@ -49,10 +49,14 @@ type Engine struct {
 	tick    uint64 // step counter, the LRU clock
 	stalled int    // running requests the last step left waiting for cells to grow into
 	// hostTokens is the tokens of the conversations whose cells are in host memory (see
-	// stash), at most hostCells; spare holds buffers of restored ones for the next.
+	// stash), at most hostCells, in hostBytes; spare holds buffers of restored ones for
+	// the next (spareBytes of room), and cellBytes is the most a token's state has taken.
 	hostTokens int
 	hostCells  int
+	hostBytes  int
 	spare      [][]byte
+	spareBytes int
+	cellBytes  int
 
 	stats     atomic.Pointer[infer.Stats]
 	ready     atomic.Bool

@@ -1,7 +1,9 @@
 package session
 
 import (
+	"slices"
 	"time"
+	"unsafe"
 
 	"github.com/infernode/infernode/session/infer"
 )
@@ -27,9 +29,11 @@ import (
 // reuse is not built.
 const stashAfter = 8
 
-// spareHostBufs is how many state buffers of restored conversations are kept for the next
-// stash: a fresh buffer of tens of megabytes costs page faults on the engine goroutine.
-const spareHostBufs = 2
+// The buffers of restored conversations' states are kept for the next move out (spare):
+// the first write to a fresh buffer's pages faults, which took a 1,024-token state's copy
+// from 2 ms to 17-91 ms (BenchmarkSeqState). They are kept while they and the states in
+// host memory fit in Config.HostCells tokens' worth of bytes, so host memory stays within
+// the bound with them.
 
 // poolCells is the cells of the pool slot s holds while idle: none while stashed.
 func (s *slot) poolCells() int {
@@ -60,16 +64,13 @@ func (e *Engine) stash(stats *infer.Stats) {
 	if victim == nil {
 		return
 	}
-	var buf []byte
-	if n := len(e.spare); n > 0 {
-		buf, e.spare = e.spare[n-1], e.spare[:n-1]
-	}
+	buf := e.takeSpare(len(victim.tokens) * e.cellBytes)
 	start := time.Now()
 	state, err := e.b.SeqState(victim.seq, buf)
+	if buf != nil && (err != nil || len(state) == 0 || unsafe.SliceData(state) != unsafe.SliceData(buf)) {
+		e.keepSpare(buf) // too small, or the copy failed
+	}
 	if err != nil || len(state) == 0 {
-		if buf != nil {
-			e.spare = append(e.spare, buf[:0])
-		}
 		e.log.Warn("moving an idle conversation to host memory failed: it stays in the pool",
 			"session", victim.key, "tokens", len(victim.tokens), "err", err)
 		return
@@ -77,6 +78,9 @@ func (e *Engine) stash(stats *infer.Stats) {
 	e.b.SeqRemove(victim.seq, 0, -1)
 	victim.host = state
 	e.hostTokens += len(victim.tokens)
+	e.hostBytes += len(state)
+	e.cellBytes = max(e.cellBytes, (len(state)+len(victim.tokens)-1)/len(victim.tokens))
+	e.trimSpares()
 	stats.HostMoves++
 	e.log.Debug("idle conversation moved to host memory", "session", victim.key, "tokens", len(victim.tokens),
 		"bytes", len(state), "took", time.Since(start))
@@ -102,9 +106,42 @@ func (e *Engine) forget(s *slot) {
 	if s.host == nil {
 		return
 	}
-	if len(e.spare) < spareHostBufs {
-		e.spare = append(e.spare, s.host[:0])
-	}
 	e.hostTokens -= len(s.tokens)
+	e.hostBytes -= len(s.host)
+	e.keepSpare(s.host)
 	s.host = nil
+}
+
+// takeSpare returns the smallest kept buffer with room for n bytes, or nil.
+func (e *Engine) takeSpare(n int) []byte {
+	best := -1
+	for i, b := range e.spare {
+		if cap(b) >= n && (best < 0 || cap(b) < cap(e.spare[best])) {
+			best = i
+		}
+	}
+	if best < 0 {
+		return nil
+	}
+	b := e.spare[best]
+	e.spare = slices.Delete(e.spare, best, best+1)
+	e.spareBytes -= cap(b)
+	return b[:0]
+}
+
+// keepSpare keeps buf for a later stash, within the host memory bound.
+func (e *Engine) keepSpare(buf []byte) {
+	e.spare = append(e.spare, buf[:0])
+	e.spareBytes += cap(buf)
+	e.trimSpares()
+}
+
+// trimSpares drops the oldest kept buffers until they and the states in host memory fit
+// in hostCells tokens' worth of bytes.
+func (e *Engine) trimSpares() {
+	for len(e.spare) > 0 && e.hostBytes+e.spareBytes > e.hostCells*e.cellBytes {
+		e.spareBytes -= cap(e.spare[0])
+		e.spare[0] = nil
+		e.spare = e.spare[1:]
+	}
 }

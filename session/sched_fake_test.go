@@ -676,3 +676,24 @@ func TestFakeHostKV(t *testing.T) {
 		})
 	}
 }
+
+// TestHostSpares: restored conversations' buffers are kept for the next move out while
+// they and the states in host memory fit in the host bound, the oldest dropped first,
+// and a move out takes the smallest one with room.
+func TestHostSpares(t *testing.T) {
+	e := &Engine{hostCells: 100, cellBytes: 4, hostBytes: 200} // room for 400 bytes, 200 held
+	e.keepSpare(make([]byte, 120))
+	e.keepSpare(make([]byte, 40))
+	e.keepSpare(make([]byte, 80)) // 440 bytes: the 120 go
+	if e.spareBytes != 120 || len(e.spare) != 2 {
+		t.Fatalf("%d buffers of %d bytes kept beside 200 held; want 2 of 120 (the bound is 400)", len(e.spare), e.spareBytes)
+	}
+	for _, c := range []struct{ need, want int }{{10, 40}, {50, 80}, {50, 0}} {
+		if got := cap(e.takeSpare(c.need)); got != c.want {
+			t.Errorf("for %d bytes: a buffer of %d; want %d", c.need, got, c.want)
+		}
+	}
+	if e.spareBytes != 0 || len(e.spare) != 0 {
+		t.Errorf("%d buffers of %d bytes left; want none", len(e.spare), e.spareBytes)
+	}
+}

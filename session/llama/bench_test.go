@@ -168,3 +168,71 @@ func benchModel(b *testing.B) *Model {
 	b.Cleanup(m.Close)
 	return m
 }
+
+// BenchmarkSeqState is what moving a sequence's cells out of the pool and back costs
+// (the session's idle histories in host memory, hand-offs, replicas): a history of 1,024
+// tokens whose cells lie in one run (prefilled alone) or interleaved with another
+// sequence's, cell by cell (as two conversations decoding side by side leave them), copied
+// out into a new buffer (keep.Fresh) or one touched before, and put back. INFERNODE_BENCH_MODEL, 2 threads.
+func BenchmarkSeqState(b *testing.B) {
+	m := benchModel(b)
+	const n = 1024
+	for _, layout := range []string{"contiguous", "interleaved"} {
+		for _, fresh := range []bool{true, false} {
+			b.Run(fmt.Sprintf("%s/fresh-buf=%v", layout, fresh), func(b *testing.B) {
+				c, err := NewContext(m, ContextParams{Cells: 8192, Sequences: 8, Batch: 2 * n, Threads: 2, Unified: true, FlashAttn: true})
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer c.Close()
+				batch := NewBatch(2 * n)
+				defer batch.Free()
+				seqs := 1
+				if layout == "interleaved" {
+					seqs = 2
+				}
+				for i := range n {
+					for s := range seqs {
+						batch.Add(int32(100+(i*7+s)%500), i, s, false)
+					}
+				}
+				var buf []byte
+				if !fresh { // touched once before
+					if err := c.Decode(batch); err != nil {
+						b.Fatal(err)
+					}
+					if buf, err = c.SeqState(0, nil); err != nil {
+						b.Fatal(err)
+					}
+				}
+				var out, back time.Duration
+				for b.Loop() {
+					// Prefilled again each time: the state goes back in one run.
+					c.Clear()
+					if err := c.Decode(batch); err != nil {
+						b.Fatal(err)
+					}
+					if fresh {
+						buf = nil
+					}
+					t := time.Now()
+					state, err := c.SeqState(0, buf)
+					if err != nil {
+						b.Fatal(err)
+					}
+					c.SeqRemove(0, 0, -1)
+					out += time.Since(t)
+					t = time.Now()
+					if err := c.SetSeqState(0, state); err != nil {
+						b.Fatal(err)
+					}
+					back += time.Since(t)
+					buf = state
+				}
+				b.ReportMetric(float64(out.Microseconds())/float64(b.N)/n, "out-µs/cell")
+				b.ReportMetric(float64(back.Microseconds())/float64(b.N)/n, "back-µs/cell")
+				b.ReportMetric(0, "ns/op")
+			})
+		}
+	}
+}

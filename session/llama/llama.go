@@ -258,6 +258,7 @@ import (
 	"sync"
 	"unsafe"
 
+	"github.com/infernode/infernode/internal/keep"
 	ollama "github.com/ollama/ollama/llama"
 )
 
@@ -654,7 +655,10 @@ func (c *Context) SeqState(seq int, buf []byte) ([]byte, error) {
 	if n == 0 {
 		return nil, fmt.Errorf("sequence %d: no state", seq)
 	}
-	buf = slices.Grow(buf[:0], int(n))[:int(n)]
+	if cap(buf) < int(n) {
+		buf = keep.Fresh(int(n)) // tens of megabytes: first touched by the copy below
+	}
+	buf = buf[:int(n)]
 	got := C.llama_state_seq_get_data(c.c, (*C.uint8_t)(unsafe.Pointer(&buf[0])), n, C.llama_seq_id(seq))
 	if got == 0 || got > n {
 		return nil, fmt.Errorf("sequence %d: copying its state failed", seq)
