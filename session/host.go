@@ -19,21 +19,18 @@ import (
 
 // stashAfter is how many steps a conversation stays idle in the pool before it is moved
 // out, so that one whose next turn comes within a few steps is left where it is. A move
-// out and back is not cheap: measured on the realistic shape under open-loop load, out
-// 3.5-109 µs a cell (median 69: a history's cells lie scattered in the pool, and
-// llama.cpp copies each run of them layer by layer), back 2.7-10 µs (median 4.6, into
-// one run), where a step with b tokens decoding pays 0.23b µs a cell it reads. So a move
-// pays for itself only after a few hundred tokens decoded beside the history; it does
-// for a conversation whose last turn is over, and the measured load gained on the whole
-// (docs/BENCHMARKS.md; 64 steps measured no better). A threshold from the expected
-// reuse is not built.
+// out and back is not free (BenchmarkSeqState, 1,024 tokens of the realistic shape): out
+// 3.4 µs a cell into a buffer touched before (7.6 when the history's cells lie
+// interleaved with another's), 26-34 µs into a fresh one, whose pages fault on their
+// first write (91 µs with 4 KiB pages: see keep.Fresh); back 2-4 µs. A step with b
+// tokens decoding pays 0.23b µs a cell it reads, so a move into a kept buffer pays for
+// itself after a few dozen tokens decoded beside the history (64 steps measured no better
+// than 8; docs/BENCHMARKS.md).
 const stashAfter = 8
 
-// The buffers of restored conversations' states are kept for the next move out (spare):
-// the first write to a fresh buffer's pages faults, which took a 1,024-token state's copy
-// from 2 ms to 17-91 ms (BenchmarkSeqState). They are kept while they and the states in
-// host memory fit in Config.HostCells tokens' worth of bytes, so host memory stays within
-// the bound with them.
+// The buffers of restored conversations' states are kept for the next move out (spare)
+// while they and the states in host memory fit in Config.HostCells tokens' worth of
+// bytes, so host memory stays within its bound with them.
 
 // poolCells is the cells of the pool slot s holds while idle: none while stashed.
 func (s *slot) poolCells() int {
