@@ -172,8 +172,9 @@ func benchModel(b *testing.B) *Model {
 // BenchmarkSeqState is what moving a sequence's cells out of the pool and back costs
 // (the session's idle histories in host memory, hand-offs, replicas): a history of 1,024
 // tokens whose cells lie in one run (prefilled alone) or interleaved with another
-// sequence's, cell by cell (as two conversations decoding side by side leave them), copied
-// out into a new buffer (keep.Fresh) or one touched before, and put back. INFERNODE_BENCH_MODEL, 2 threads.
+// sequence's, cell by cell (as two conversations decoding side by side leave them),
+// copied out into a new buffer (keep.Fresh) or one touched before, and put back.
+// INFERNODE_BENCH_MODEL, 2 threads.
 func BenchmarkSeqState(b *testing.B) {
 	m := benchModel(b)
 	const n = 1024
