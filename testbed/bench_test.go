@@ -328,6 +328,7 @@ func BenchmarkKVPush(b *testing.B) {
 				b.Fatalf("the first turn, served by %q, pushed no replica", first.node)
 			}
 			cold := counters(owner)
+			pushed := cold[0]
 			m = append(m, message{"assistant", first.text})
 			for b.Loop() {
 				m = append(m, message{"user", "go on"})
@@ -336,6 +337,12 @@ func BenchmarkKVPush(b *testing.B) {
 					b.Fatalf("turn %d: status %d on %q, %d tokens cached", len(m)/2, a.status, a.node, a.cached)
 				}
 				m = append(m, message{"assistant", a.text})
+				// The replica goes after the answer's end: wait for it, so that the next
+				// turn neither overlaps the push nor supersedes it.
+				pushed++
+				if !poll.Within(10*time.Second, time.Millisecond, func() bool { return counters(owner)[0] >= pushed }) {
+					b.Fatalf("turn %d pushed no replica", len(m)/2)
+				}
 			}
 			end := counters(owner)
 			pushes, size, took := end[0]-cold[0], end[1]-cold[1], end[2]-cold[2]
