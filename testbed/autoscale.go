@@ -597,8 +597,13 @@ func (rep *AutoscaleReport) check() {
 	loadStart, loadEnd := rep.Requests[0].Start, rep.Requests[0].Start.Add(time.Duration(len(a.Ramp))*a.Stage)
 	peakEnd := loadStart.Add(time.Duration(lastPeak(a.Ramp)+1) * a.Stage)
 
-	// Scale-out: the hook asks for more nodes soon after the queue passes its set point.
-	over, ok := firstOver(rep.Samples, a.SetPoint*1.25)
+	// Scale-out: the hook asks for more nodes soon after the queue passes its set point,
+	// from the second stage on. The first is half a node's capacity, where none is due, and
+	// opens with every tenant's rate-limit bucket full: a burst that queued 4 a node for 2
+	// s in one run, which the controller's dead band rightly let pass (the queue was at 0
+	// for the next 25 s), is not the ramp's load.
+	ramped := slices.DeleteFunc(slices.Clone(rep.Samples), func(s ScaleSample) bool { return s.Time.Before(loadStart.Add(a.Stage)) })
+	over, ok := firstOver(ramped, a.SetPoint*1.25)
 	up, upOK := firstHook(rep.Events, func(e ScaleEvent) bool { return e.Desired > e.Current })
 	switch {
 	case !ok:

@@ -2,6 +2,7 @@ package testbed
 
 import (
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -36,6 +37,32 @@ func TestAutoscaleChecks(t *testing.T) {
 	}
 	if over, ok := firstOver(samples, 2); !ok || !over.Equal(at(11)) {
 		t.Errorf("queue over 2 a node over 5 s at %v, want 11 s (not the blip at 1 s)", over)
+	}
+}
+
+// TestScaleOutFromTheRamp: the scale-out check's clock starts when the queue passes its set
+// point from the ramp's second stage on; a burst of full rate-limit buckets in the first
+// seconds, which the controller lets pass, does not start it.
+func TestScaleOutFromTheRamp(t *testing.T) {
+	at := func(s int) time.Time { return time.Unix(int64(s), 0) }
+	rep := &AutoscaleReport{
+		Started:  at(0),
+		Config:   Autoscale{Ramp: []float64{0.5, 1, 2}, Stage: 30 * time.Second, SetPoint: 0.5, ScaleOutWithin: 30 * time.Second},
+		Requests: []LoadRecord{{Tenant: "web", Start: at(0), End: at(1), Kind: "ok"}},
+		Tenants:  map[string]*Tenant{},
+		Events:   []ScaleEvent{{Time: at(52), Kind: "hook", Current: 1, Desired: 2}},
+	}
+	for i := range 60 {
+		w := 0
+		if i < 3 || i >= 45 { // the opening burst; the ramp's load from 45 s
+			w = 4
+		}
+		rep.Samples = append(rep.Samples, ScaleSample{Time: at(i), Ring: 1, Waiting: w})
+	}
+	rep.check()
+	i := slices.IndexFunc(rep.Checks, func(c Check) bool { return c.Name == "scale-out" })
+	if i < 0 || !rep.Checks[i].Pass || !strings.Contains(rep.Checks[i].Detail, "at 45s") {
+		t.Errorf("scale-out check: %+v", rep.Checks)
 	}
 }
 
