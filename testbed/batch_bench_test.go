@@ -1,0 +1,109 @@
+package testbed
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/infernode/infernode/internal/measure"
+	"github.com/infernode/infernode/internal/testenv"
+)
+
+// BenchmarkBatchBeside: what batch work does to an interactive request's first token on
+// one real node, on a core of its own and held to the autoscale scenario's CPU quota (20%
+// of a CPU in 10 ms periods). Each iteration is one interactive probe (stories260K, a new
+// short prompt, 8 tokens, streamed) sent while no other interactive request runs, after
+// a random pause: first alone, then the same number beside 8 closed-loop batch clients
+// (tenant priority=batch, 32 tokens each; the node runs 4 sequences, as the scenario's).
+// The ratio of the two p99s is the scenario's batch bound (1.5x) without its own
+// interactive load; run it with the benchmark held off the node's core:
+//
+//	taskset -c 1 go test ./testbed -run '^$' -bench BatchBeside -benchtime 200x
+func BenchmarkBatchBeside(b *testing.B) {
+	model := testenv.SharedModel(b, "stories260K.gguf")
+	for _, tc := range []struct {
+		name    string
+		percent int // of one CPU, in 10 ms periods; 0: no quota
+	}{{"own-core", 0}, {"cpu-20pct-10ms", 20}} {
+		b.Run(tc.name, func(b *testing.B) {
+			dir := b.TempDir()
+			keys, limits := filepath.Join(dir, "keys"), filepath.Join(dir, "limits")
+			var lines []string
+			for tenant, key := range autoscaleKeys {
+				lines = append(lines, key+" "+tenant)
+			}
+			if err := os.WriteFile(keys, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
+				b.Fatal(err)
+			}
+			if err := os.WriteFile(limits, []byte("bulk priority=batch\n"), 0o600); err != nil {
+				b.Fatal(err)
+			}
+			// launch turns host KV off for byte-exact comparisons; the scenario's nodes keep it.
+			c := launch(b, Config{Model: model, Nodes: 1, Pin: true, APIKey: "key-of-the-testbed-0001", Args: []string{
+				"--sequences", "4", "--ctx", "4096", "--kv-host=true", "--key-file", keys, "--limits", limits}})
+			n := c.Nodes[0]
+			if tc.percent > 0 {
+				backend, err := n.LimitCPU(tc.percent, 10*time.Millisecond)
+				if err != nil {
+					b.Skipf("no CPU quota here: %v", err)
+				}
+				b.Logf("CPU held by %s", backend)
+			}
+			web, bulk := tenantClient("web"), tenantClient("bulk")
+			rng := rand.New(rand.NewPCG(1, 2))
+			probe := func(label string, i int) time.Duration {
+				time.Sleep(time.Duration(20+rng.IntN(60)) * time.Millisecond)
+				r := loadRequest(b.Context(), web, n, "web", fmt.Sprintf("probe %s %d: the old stone bridge", label, i), 8)
+				if r.Kind != "ok" {
+					b.Fatalf("probe %s %d: %s %d %s", label, i, r.Kind, r.Status, r.Error)
+				}
+				return r.TTFT
+			}
+			var alone, beside []time.Duration
+			for i := 0; b.Loop(); i++ {
+				alone = append(alone, probe("alone", i))
+			}
+			stop := make(chan struct{})
+			var batch sync.WaitGroup
+			var mu sync.Mutex
+			answers := 0
+			for i := range 8 {
+				batch.Go(func() {
+					for k := 0; ; k++ {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						if r := loadRequest(b.Context(), bulk, n, "bulk", fmt.Sprintf("bulk %d-%d: the quiet river", i, k), 32); r.Kind == "ok" {
+							mu.Lock()
+							answers++
+							mu.Unlock()
+						}
+					}
+				})
+			}
+			began := time.Now()
+			for i := range alone {
+				beside = append(beside, probe("beside", i))
+			}
+			took := time.Since(began)
+			close(stop)
+			batch.Wait()
+			ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+			b.ReportMetric(ms(measure.Percentile(alone, 50)), "alone-p50-ms")
+			b.ReportMetric(ms(measure.Percentile(alone, 99)), "alone-p99-ms")
+			b.ReportMetric(ms(measure.Percentile(beside, 50)), "beside-p50-ms")
+			b.ReportMetric(ms(measure.Percentile(beside, 99)), "beside-p99-ms")
+			b.ReportMetric(float64(measure.Percentile(beside, 50))/float64(measure.Percentile(alone, 50)), "p50-ratio")
+			b.ReportMetric(float64(measure.Percentile(beside, 99))/float64(measure.Percentile(alone, 99)), "p99-ratio")
+			b.ReportMetric(float64(answers)/took.Seconds(), "batch-answers/s")
+			b.ReportMetric(0, "ns/op")
+		})
+	}
+}
