@@ -276,9 +276,10 @@ func (rep *AutoscaleReport) calibrate(ctx context.Context, cfg Config, a Autosca
 		return int(completed.Load())
 	}
 	// A capacity is a mean of many answers; a p99 is set by the few tightest bursts of
-	// Poisson arrivals (about 450 requests in 40 s at half this machine's capacity: the p99
-	// is their fifth longest first token, and ten calibrations put the ratio of two such
-	// p99s anywhere from 0.76 to 1.99). The interactive phases run twice as long.
+	// Poisson arrivals (at half the capacity, 450-750 arrivals in 40 s on this project's
+	// machines: the p99 is their fifth to eighth longest first token, and ten calibrations
+	// put the ratio of two such p99s anywhere from 0.76 to 1.99). The interactive phases
+	// run twice as long.
 	const phase, interactivePhase = 40 * time.Second, 80 * time.Second
 	start := time.Now()
 	timeUp := make(chan struct{})
@@ -290,7 +291,7 @@ func (rep *AutoscaleReport) calibrate(ctx context.Context, cfg Config, a Autosca
 	}
 	// Interactive arrivals at half the nodes' capacity, open loop: their first tokens
 	// alone, then beside batch clients. Both phases draw the same arrival times and entry
-	// nodes (a paired comparison: the p99 of some 750 first tokens is set by the
+	// nodes (a paired comparison: the p99 of some 1,000 first tokens is set by the
 	// arrivals' few tightest bursts, which differ more between two draws than batch work
 	// moves them), with prompts of their own (no phase finds the other's in a cache).
 	interactive := func(label string) []time.Duration {
