@@ -45,7 +45,7 @@ APT_PACKAGES := nlohmann-json3-dev libstb-dev nftables iproute2 iptables
 TEST_APT_PACKAGES := chromium
 MALGO        := github.com/gen2brain/malgo@v0.11.24
 
-.PHONY: bench-cluster-compare bench-goodput bench-disagg bench-shared-prompt bench-break-even all deps test-deps flags build fuzz bench-portable bench-quant model bench-model test race lint tidy-check bench bench-http bench-cluster bench-overhead bench-compare run chaos autoscale chaos-cleanup chaos-mutants upgrade-check check-clients clean
+.PHONY: bench-batch-beside bench-cluster-compare bench-goodput bench-disagg bench-shared-prompt bench-break-even all deps test-deps flags build fuzz bench-portable bench-quant model bench-model test race lint tidy-check bench bench-http bench-cluster bench-overhead bench-compare run chaos autoscale chaos-cleanup chaos-mutants upgrade-check check-clients clean
 
 all: build
 
@@ -215,6 +215,12 @@ bench-shared-prompt: deps bench-model
 # BenchmarkBreakEven; network namespaces: root).
 bench-break-even: deps bench-model
 	INFERNODE_BENCH_MODEL=$(CURDIR)/$(BENCH_MODEL) $(GO) test -run '^$$' -bench BreakEven -benchtime 1x -count $(COUNT) -timeout 60m ./testbed/
+
+# bench-batch-beside: interactive first tokens on one node (stories260K from ../shared)
+# alone and beside batch clients, on a core of its own and under the autoscale scenario's
+# CPU quota (testbed's BenchmarkBatchBeside: the node on CPU 0, the benchmark on CPU 1).
+bench-batch-beside: deps
+	taskset -c 1 $(GO) test -run '^$$' -bench BatchBeside -benchtime 300x -count $(COUNT) -timeout 30m ./testbed/
 
 # ROUNDS alternations of the servers; the wave targets are medians over at least 4.
 ROUNDS ?= 4

@@ -163,16 +163,8 @@ var autoscaleKeys = map[string]string{"web": "key-of-tenant-web-0001", "trial": 
 // controller grows and shrinks, and checks the outcome.
 func RunAutoscale(ctx context.Context, cfg Config, a Autoscale) (*AutoscaleReport, error) {
 	rep := &AutoscaleReport{Seed: a.Seed, Config: a, Started: time.Now(), Tenants: map[string]*Tenant{}, Leases: map[string]float64{}}
-	keys := filepath.Join(cfg.LogDir, "keys")
-	var lines []string
-	for tenant, key := range autoscaleKeys {
-		lines = append(lines, key+" "+tenant)
-	}
-	if err := os.WriteFile(keys, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
-		return nil, err
-	}
-	batch := filepath.Join(cfg.LogDir, "batch")
-	if err := os.WriteFile(batch, []byte("bulk priority=batch\n"), 0o600); err != nil {
+	keys, batch, err := tenantFiles(cfg.LogDir)
+	if err != nil {
 		return nil, err
 	}
 	cfg.APIKey = "key-of-the-testbed-0001"
@@ -254,26 +246,7 @@ func (rep *AutoscaleReport) calibrate(ctx context.Context, cfg Config, a Autosca
 		return fmt.Errorf("calibration nodes: %w", err)
 	}
 	closed := func(tenant string, clients int, until <-chan struct{}) int {
-		var done sync.WaitGroup
-		var completed atomic.Int64
-		client := tenantClient(tenant)
-		for i := range clients {
-			done.Go(func() {
-				for k := 0; ; k++ {
-					select {
-					case <-until:
-						return
-					default:
-					}
-					n := c.Nodes[(i+k)%len(c.Nodes)]
-					if r := loadRequest(ctx, client, n, tenant, fmt.Sprintf("%s calibrates %d-%d", tenant, i, k), a.MaxTokens); r.Kind == "ok" {
-						completed.Add(1)
-					}
-				}
-			})
-		}
-		done.Wait()
-		return int(completed.Load())
+		return closedLoop(ctx, c.Nodes, tenant, clients, a.MaxTokens, until)
 	}
 	// A capacity is a mean of many answers; a p99 is set by the few tightest bursts of
 	// Poisson arrivals (at half the capacity, 450-750 arrivals in 40 s on this project's
@@ -329,6 +302,49 @@ func (rep *AutoscaleReport) calibrate(ctx context.Context, cfg Config, a Autosca
 	rep.BatchDone = <-batchDone
 	rep.WithBatch = [2]time.Duration{measure.Percentile(beside, 50), measure.Percentile(beside, 99)}
 	return nil
+}
+
+// tenantFiles writes the scenario's key file (autoscaleKeys) and a limits file that gives
+// the bulk tenant batch priority into dir.
+func tenantFiles(dir string) (keys, batch string, err error) {
+	var lines []string
+	for tenant, key := range autoscaleKeys {
+		lines = append(lines, key+" "+tenant)
+	}
+	keys, batch = filepath.Join(dir, "keys"), filepath.Join(dir, "batch")
+	if err := os.WriteFile(keys, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
+		return "", "", err
+	}
+	if err := os.WriteFile(batch, []byte("bulk priority=batch\n"), 0o600); err != nil {
+		return "", "", err
+	}
+	return keys, batch, nil
+}
+
+// closedLoop runs clients of tenant, each sending its next chat of maxTokens as soon as
+// the last one ends, over nodes in turn, until until closes; it returns how many were
+// answered.
+func closedLoop(ctx context.Context, nodes []*Node, tenant string, clients, maxTokens int, until <-chan struct{}) int {
+	var done sync.WaitGroup
+	var completed atomic.Int64
+	client := tenantClient(tenant)
+	for i := range clients {
+		done.Go(func() {
+			for k := 0; ; k++ {
+				select {
+				case <-until:
+					return
+				default:
+				}
+				n := nodes[(i+k)%len(nodes)]
+				if r := loadRequest(ctx, client, n, tenant, fmt.Sprintf("%s calibrates %d-%d", tenant, i, k), maxTokens); r.Kind == "ok" {
+					completed.Add(1)
+				}
+			}
+		})
+	}
+	done.Wait()
+	return int(completed.Load())
 }
 
 // limitCPU holds n to the scenario's CPU share and returns how; a node it could not

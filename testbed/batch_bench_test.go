@@ -3,9 +3,6 @@ package testbed
 import (
 	"fmt"
 	"math/rand/v2"
-	"os"
-	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -21,9 +18,9 @@ import (
 // a random pause: first alone, then the same number beside 8 closed-loop batch clients
 // (tenant priority=batch, 32 tokens each; the node runs 4 sequences, as the scenario's).
 // The ratio of the two p99s is the scenario's batch bound (1.5x) without its own
-// interactive load; run it with the benchmark held off the node's core:
+// interactive load. `make bench-batch-beside` runs it held off the node's core:
 //
-//	taskset -c 1 go test ./testbed -run '^$' -bench BatchBeside -benchtime 200x
+//	taskset -c 1 go test ./testbed -run '^$' -bench BatchBeside -benchtime 300x
 func BenchmarkBatchBeside(b *testing.B) {
 	model := testenv.SharedModel(b, "stories260K.gguf")
 	for _, tc := range []struct {
@@ -31,16 +28,8 @@ func BenchmarkBatchBeside(b *testing.B) {
 		percent int // of one CPU, in 10 ms periods; 0: no quota
 	}{{"own-core", 0}, {"cpu-20pct-10ms", 20}} {
 		b.Run(tc.name, func(b *testing.B) {
-			dir := b.TempDir()
-			keys, limits := filepath.Join(dir, "keys"), filepath.Join(dir, "limits")
-			var lines []string
-			for tenant, key := range autoscaleKeys {
-				lines = append(lines, key+" "+tenant)
-			}
-			if err := os.WriteFile(keys, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
-				b.Fatal(err)
-			}
-			if err := os.WriteFile(limits, []byte("bulk priority=batch\n"), 0o600); err != nil {
+			keys, limits, err := tenantFiles(b.TempDir())
+			if err != nil {
 				b.Fatal(err)
 			}
 			// launch turns host KV off for byte-exact comparisons; the scenario's nodes keep it.
@@ -54,7 +43,7 @@ func BenchmarkBatchBeside(b *testing.B) {
 				}
 				b.Logf("CPU held by %s", backend)
 			}
-			web, bulk := tenantClient("web"), tenantClient("bulk")
+			web := tenantClient("web")
 			rng := rand.New(rand.NewPCG(1, 2))
 			probe := func(label string, i int) time.Duration {
 				time.Sleep(time.Duration(20+rng.IntN(60)) * time.Millisecond)
@@ -69,32 +58,17 @@ func BenchmarkBatchBeside(b *testing.B) {
 				alone = append(alone, probe("alone", i))
 			}
 			stop := make(chan struct{})
-			var batch sync.WaitGroup
-			var mu sync.Mutex
-			answers := 0
-			for i := range 8 {
-				batch.Go(func() {
-					for k := 0; ; k++ {
-						select {
-						case <-stop:
-							return
-						default:
-						}
-						if r := loadRequest(b.Context(), bulk, n, "bulk", fmt.Sprintf("bulk %d-%d: the quiet river", i, k), 32); r.Kind == "ok" {
-							mu.Lock()
-							answers++
-							mu.Unlock()
-						}
-					}
-				})
-			}
+			stopBatch := sync.OnceFunc(func() { close(stop) })
+			b.Cleanup(stopBatch) // a failed probe ends the batch clients too
+			answers := make(chan int)
+			go func() { answers <- closedLoop(b.Context(), c.Nodes, "bulk", 8, 32, stop) }()
 			began := time.Now()
 			for i := range alone {
 				beside = append(beside, probe("beside", i))
 			}
 			took := time.Since(began)
-			close(stop)
-			batch.Wait()
+			stopBatch()
+			answered := <-answers
 			ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 			b.ReportMetric(ms(measure.Percentile(alone, 50)), "alone-p50-ms")
 			b.ReportMetric(ms(measure.Percentile(alone, 99)), "alone-p99-ms")
@@ -102,7 +76,7 @@ func BenchmarkBatchBeside(b *testing.B) {
 			b.ReportMetric(ms(measure.Percentile(beside, 99)), "beside-p99-ms")
 			b.ReportMetric(float64(measure.Percentile(beside, 50))/float64(measure.Percentile(alone, 50)), "p50-ratio")
 			b.ReportMetric(float64(measure.Percentile(beside, 99))/float64(measure.Percentile(alone, 99)), "p99-ratio")
-			b.ReportMetric(float64(answers)/took.Seconds(), "batch-answers/s")
+			b.ReportMetric(float64(answered)/took.Seconds(), "batch-answers/s")
 			b.ReportMetric(0, "ns/op")
 		})
 	}
