@@ -245,9 +245,6 @@ func (rep *AutoscaleReport) calibrate(ctx context.Context, cfg Config, a Autosca
 	if _, err := c.WaitRings(ctx, c.IDs(), time.Minute); err != nil {
 		return fmt.Errorf("calibration nodes: %w", err)
 	}
-	closed := func(tenant string, clients int, until <-chan struct{}) int {
-		return closedLoop(ctx, c.Nodes, tenant, clients, a.MaxTokens, until)
-	}
 	// A capacity is a mean of many answers; a p99 is set by the few tightest bursts of
 	// Poisson arrivals (at half the capacity, 450-750 arrivals in 40 s on this project's
 	// machines: the p99 is their fifth to eighth longest first token, and ten calibrations
@@ -257,7 +254,7 @@ func (rep *AutoscaleReport) calibrate(ctx context.Context, cfg Config, a Autosca
 	start := time.Now()
 	timeUp := make(chan struct{})
 	time.AfterFunc(phase, func() { close(timeUp) })
-	completed := closed("web", len(c.Nodes)*a.Sequences, timeUp)
+	completed := closedLoop(ctx, c.Nodes, "web", len(c.Nodes)*a.Sequences, a.MaxTokens, timeUp)
 	rep.Capacity = float64(completed) / time.Since(start).Seconds() / float64(len(c.Nodes))
 	if rep.Capacity <= 0 {
 		return fmt.Errorf("calibration completed nothing")
@@ -296,7 +293,7 @@ func (rep *AutoscaleReport) calibrate(ctx context.Context, cfg Config, a Autosca
 	rep.Alone = [2]time.Duration{measure.Percentile(alone, 50), measure.Percentile(alone, 99)}
 	stop := make(chan struct{})
 	batchDone := make(chan int)
-	go func() { batchDone <- closed("bulk", 2*len(c.Nodes)*a.Sequences, stop) }()
+	go func() { batchDone <- closedLoop(ctx, c.Nodes, "bulk", 2*len(c.Nodes)*a.Sequences, a.MaxTokens, stop) }()
 	beside := interactive("beside batch")
 	close(stop)
 	rep.BatchDone = <-batchDone
