@@ -279,7 +279,7 @@ chaos: build
 
 # autoscale: the autoscaling scenario (a load ramp from 0.5x to 4x one node's capacity
 # and back; the scale hook starts and stops real nodes held to a share of one CPU, about
-# 8 minutes). Report and timeline plot go to .build/autoscale.
+# 10.5 minutes). Report and timeline plot go to .build/autoscale.
 autoscale: build
 	$(BIN)/testbed autoscale --binary $(BIN)/infernode --model $(CHAOS_MODEL) --out .build/autoscale
 

@@ -178,7 +178,7 @@ func BenchmarkTransferOrRecompute(b *testing.B) {
 				prefill = max(prefill, p)
 				// Streamed, for the time to the first token alone.
 				first := func(m []message) Record {
-					r := request(b.Context(), client, c.Nodes[0], m, 1, true, time.Minute, nil)
+					r := request(b.Context(), client, c.Nodes[0], m, 1, true, time.Minute, nil, "")
 					if r.Kind != "ok" {
 						b.Fatalf("%s: %s", r.Kind, r.Error)
 					}

@@ -99,7 +99,7 @@ func breakEvenCell(b *testing.B, model, system string, mbit int) (prompt, prefil
 		b.Fatal(err)
 	}
 	conv := func(i int) []message { return []message{{"system", system}, {"user", fmt.Sprintf("question %d", i)}} }
-	r := request(b.Context(), patient, c.Nodes[0], conv(0), 1, true, 5*time.Minute, nil)
+	r := request(b.Context(), patient, c.Nodes[0], conv(0), 1, true, 5*time.Minute, nil, "")
 	if r.Kind != "ok" {
 		b.Fatalf("first conversation: %s: %s", r.Kind, r.Error)
 	}
@@ -122,7 +122,7 @@ func breakEvenCell(b *testing.B, model, system string, mbit int) (prompt, prefil
 		b.Fatalf("%s never had %s's digest of the whole prompt (fill %.3f)", other.ID, holder.ID, want)
 	}
 	for i := 1; i < 20; i++ {
-		r := request(b.Context(), patient, other, conv(i), 1, true, 5*time.Minute, nil)
+		r := request(b.Context(), patient, other, conv(i), 1, true, 5*time.Minute, nil, "")
 		if r.Kind != "ok" {
 			b.Fatalf("conversation %d: %s: %s", i, r.Kind, r.Error)
 		}

@@ -319,6 +319,23 @@ func (n *Node) Serving() bool {
 
 var readyClient = &http.Client{Timeout: time.Second}
 
+// WaitServing polls the node until it serves (see Serving): Start returns once it listens,
+// which may be before its model is loaded and warmed.
+func (n *Node) WaitServing(ctx context.Context, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for !n.Serving() {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("testbed: %s not serving within %v", n.ID, timeout)
+		case <-tick.C:
+		}
+	}
+	return nil
+}
+
 // Kill sends SIGKILL and waits for the process to exit.
 func (n *Node) Kill() {
 	n.signal(syscall.SIGKILL)

@@ -321,7 +321,7 @@ func (c *Cluster) baselines(ctx context.Context, nodes ...*Node) map[string]usag
 	client := &http.Client{Timeout: time.Minute}
 	for _, n := range nodes {
 		for i := range 2 {
-			request(ctx, client, n, []message{{"user", fmt.Sprint("warm up ", i)}}, 4, i == 0, time.Minute, nil)
+			request(ctx, client, n, []message{{"user", fmt.Sprint("warm up ", i)}}, 4, i == 0, time.Minute, nil, "")
 		}
 	}
 	for _, n := range nodes {

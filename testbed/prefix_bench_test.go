@@ -98,7 +98,7 @@ func sharedPromptLoad(b *testing.B, c *Cluster, system string) []time.Duration {
 	conv := func(i int) []message {
 		return []message{{"system", system}, {"user", fmt.Sprintf("What happened on market day number %d?", i)}}
 	}
-	first := request(b.Context(), client, c.Nodes[0], conv(0), sharedTokens, true, time.Minute, nil)
+	first := request(b.Context(), client, c.Nodes[0], conv(0), sharedTokens, true, time.Minute, nil, "")
 	if first.Kind != "ok" {
 		b.Fatalf("the first conversation: %s: %s", first.Kind, first.Error)
 	}
@@ -108,7 +108,7 @@ func sharedPromptLoad(b *testing.B, c *Cluster, system string) []time.Duration {
 	var wg sync.WaitGroup
 	for i := 1; i < sharedConversations; i++ {
 		wg.Go(func() {
-			r := request(b.Context(), client, c.Nodes[i%len(c.Nodes)], conv(i), sharedTokens, true, time.Minute, nil)
+			r := request(b.Context(), client, c.Nodes[i%len(c.Nodes)], conv(i), sharedTokens, true, time.Minute, nil, "")
 			if r.Kind != "ok" {
 				b.Errorf("conversation %d: %s: %s", i, r.Kind, r.Error)
 				return

@@ -140,7 +140,7 @@ func (c *Cluster) RunWorkload(ctx context.Context, w Workload, entries func() []
 					return
 				}
 				entry := nodes[rng.IntN(len(nodes))]
-				r := request(ctx, client, entry, cv.msgs, w.MaxTokens, rng.Float64() < w.StreamShare, w.Timeout, c.flight)
+				r := request(ctx, client, entry, cv.msgs, w.MaxTokens, rng.Float64() < w.StreamShare, w.Timeout, c.flight, "")
 				r.Conv, r.Turn, r.Messages = cv.id, cv.turn, cv.msgs
 				mu.Lock()
 				out = append(out, r)
@@ -166,13 +166,18 @@ func (c *Cluster) RunWorkload(ctx context.Context, w Workload, entries func() []
 }
 
 // request sends one greedy chat completion and classifies how it ended. A streamed answer
-// counts in fl while it is read.
+// counts in fl while it is read. session, when not empty, names the conversation (the
+// ring's key) instead of its opening.
 func request(ctx context.Context, client *http.Client, entry *Node, msgs []message, maxTokens int, stream bool, timeout time.Duration,
-	fl *flight) (r Record) {
+	fl *flight, session string) (r Record) {
 	r = Record{Entry: entry.ID, Stream: stream, MaxTokens: maxTokens, Start: time.Now(), Hops: -1}
 	defer func() { r.End = time.Now() }()
-	body, _ := json.Marshal(map[string]any{"messages": msgs, "max_tokens": maxTokens, "temperature": 0, "stream": stream,
-		"stream_options": streamOptions(stream)})
+	fields := map[string]any{"messages": msgs, "max_tokens": maxTokens, "temperature": 0, "stream": stream,
+		"stream_options": streamOptions(stream)}
+	if session != "" {
+		fields["session_id"] = session
+	}
+	body, _ := json.Marshal(fields)
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, "POST", entry.URL()+"/v1/chat/completions", bytes.NewReader(body))

@@ -122,7 +122,7 @@ func autoscale(args []string) int {
 	fs.IntVar(&a.CPU, "cpu", a.CPU, "percent of one CPU each node gets")
 	fs.DurationVar(&a.CPUPeriod, "cpu-period", a.CPUPeriod, "the period of that share (the kernel default is 100ms: a node that spends its share early is stopped for the rest of it)")
 	fs.IntVar(&a.Max, "max", a.Max, "most nodes the controller may ask for")
-	fs.BoolVar(&a.CalibrateOnly, "calibrate", false, "only calibrate: a node's capacity, interactive first tokens alone and beside batch work (3.5 minutes)")
+	fs.BoolVar(&a.CalibrateOnly, "calibrate", false, "only calibrate: a node's capacity, interactive first tokens alone, alone again and beside batch work (5 minutes)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
