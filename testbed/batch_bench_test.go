@@ -19,7 +19,8 @@ import (
 // closed-loop batch clients (tenant priority=batch, 32 tokens each; the node runs 4
 // sequences, as the scenario's). The ratio of the p99s beside and alone is the
 // scenario's batch bound (1.5x) without its own interactive load; the ratio of the two
-// alone phases' (aa-) is how far chance alone moves it. `make bench-batch-beside` runs it held off the node's core:
+// alone phases' (aa-) is how far chance alone moves it. `make bench-batch-beside` runs
+// it held off the node's core:
 //
 //	taskset -c 1 go test ./testbed -run '^$' -bench BatchBeside -benchtime 300x
 func BenchmarkBatchBeside(b *testing.B) {
