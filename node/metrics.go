@@ -93,6 +93,8 @@ func newMetrics(stats func() infer.Stats) *metrics {
 		gauge("infernode_parked_requests", "Batch requests parked now, to resume where they stopped (counted in infernode_waiting_requests too).", func(s infer.Stats) float64 { return float64(s.Parked) }),
 		counter("infernode_engine_refused_total", "Requests the engine refused as overloaded.", func(s infer.Stats) float64 { return float64(s.Refused) }),
 		counter("infernode_decode_steps_total", "Engine steps (llama_decode calls).", func(s infer.Stats) float64 { return float64(s.Steps) }),
+		counter("infernode_decode_seconds_total", "Time spent in llama_decode over all steps (its rate is the share of time the engine computes).", func(s infer.Stats) float64 { return float64(s.StepTimeMicros) / 1e6 }),
+		counter("infernode_decoded_tokens_total", "Tokens decoded over all steps: prompt tokens prefilled and one a generated token.", func(s infer.Stats) float64 { return float64(s.BatchedTokens) }),
 	)
 	return m
 }
