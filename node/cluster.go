@@ -26,6 +26,9 @@ type Cluster interface {
 	SubmitModel(ctx context.Context, model string, req infer.Request) (infer.Stream, error)
 	Handoff(ctx context.Context, req infer.Request) (infer.Stream, error)
 	ServeLocal(ctx context.Context, req infer.Request) (infer.Stream, error)
+	// Place reports whether this node declines a forwarded request that lets it decline
+	// above a load, and the node to serve it instead (see routing.Router.Place).
+	Place(req infer.Request, above int) (to string, decline bool)
 	// Route says where st, a stream Submit returned, is served: the node ("" when it is
 	// this node's engine's own), the forwards behind it, and how many times it resumed on
 	// another owner mid-answer.
@@ -107,9 +110,10 @@ func (s standalone) ServeLocal(ctx context.Context, req infer.Request) (infer.St
 	return s.answers.Serve(req, func() (infer.Stream, error) { return s.engine.Submit(ctx, req) })
 }
 
-func (standalone) Route(infer.Stream) (string, int, int) { return "", 0, 0 }
-func (standalone) Served(string, bool)                   {}
-func (standalone) Leave(context.Context, bool)           {}
+func (standalone) Place(infer.Request, int) (string, bool) { return "", false }
+func (standalone) Route(infer.Stream) (string, int, int)   { return "", 0, 0 }
+func (standalone) Served(string, bool)                     {}
+func (standalone) Leave(context.Context, bool)             {}
 func (standalone) TakeKV(context.Context, []byte, infer.Origin, string) (infer.Imported, error) {
 	return infer.Imported{}, errStandalone
 }

@@ -69,6 +69,7 @@ func (*fakeEngine) Import(context.Context, []byte, infer.Origin, string) (infer.
 func (*fakeEngine) Conversations(context.Context) ([]string, error) { return nil, nil }
 func (*fakeEngine) Demote(context.Context, string) error            { return nil }
 func (*fakeEngine) Holds(string) bool                               { return false }
+func (*fakeEngine) Owns(string) bool                                { return false }
 func (*fakeEngine) Prefixes(context.Context, int) ([]uint64, error) { return nil, nil }
 func (*fakeEngine) PromptPrefixes(infer.Request) ([]int32, []uint64, error) {
 	return nil, nil, nil
@@ -289,10 +290,10 @@ func TestHopAuthentication(t *testing.T) {
 	}
 
 	// A newer minor version's extra field is ignored; a newer major version is refused.
-	newer := handHop{from: "n1", to: "n2", version: "1.9", key: testSecret,
+	newer := handHop{from: "n1", to: "n2", version: "1.11", key: testSecret,
 		body: `{"model":"fake","session_id":"k","prompt":"hi","temperature":0,"top_p":1,"speculative":{"draft":"x"}}`}
 	if status, out := newer.send(t, target.url); status != 200 {
-		t.Errorf("hop with an unknown field from version 1.9: status %d (%s), want 200", status, out)
+		t.Errorf("hop with an unknown field from version 1.11: status %d (%s), want 200", status, out)
 	}
 	major := newer
 	major.version = "2.0"

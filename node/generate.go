@@ -91,6 +91,12 @@ func (s *Server) handleInternal(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	c := &completion{internal: true, endpoint: hop.Path, stream: true, start: time.Now(), model: s.cfg.ModelName, req: wire.Engine()}
+	if to, ok := s.cluster.Place(c.req, wire.DeclineAbove); ok {
+		ctx.Response.Header.Set(hop.HeaderPlaceTo, to)
+		writeError(ctx, &hop.Error{Status: fasthttp.StatusServiceUnavailable, Type: "server_error", Code: hop.CodeDeclined,
+			Message: "declined: the conversation is placed on " + to})
+		return
+	}
 	if c.req.Prompt == "" && len(c.req.Messages) > 0 {
 		// A chat from a node that does not serve this model: formatted here, and the
 		// prompt goes back with the first text so the answer can resume elsewhere.

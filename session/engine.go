@@ -39,7 +39,7 @@ type Engine struct {
 	done    []time.Time // when the last drainWindow requests finished, oldest first; guarded by mu
 	wake    chan struct{}
 	tasks   chan func()   // run on the engine goroutine between steps (Export, Import)
-	held    sync.Map      // keys of the conversations with KV here (see Holds)
+	held    sync.Map      // key → a replica (bool): the conversations with KV here (see Holds, Owns)
 	stopped chan struct{} // closed when Run returns
 
 	// Engine-goroutine state.

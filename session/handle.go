@@ -106,6 +106,12 @@ func (h *Handle) Holds(key string) bool {
 	return e != nil && e.Holds(key)
 }
 
+// Owns reports whether a conversation has KV here as this node's own; see Engine.Owns.
+func (h *Handle) Owns(key string) bool {
+	e := h.e.Load()
+	return e != nil && e.Owns(key)
+}
+
 // Demote keeps a conversation that moved away as a replica; see Engine.Demote.
 func (h *Handle) Demote(ctx context.Context, key string) error {
 	e := h.e.Load()

@@ -188,6 +188,7 @@ func (e *Engine) install(key, share string, tokens []int32, state []byte, origin
 		// The copy here is as long (the same turn's replica, or a later turn ran here):
 		// keep it, but as what the frame says it is now (a replica becomes this node's).
 		target.replica = target.replica && replica
+		e.hold(key, target.replica)
 		if !replica {
 			target.origin = origin // a hand-off or push of what a replica held already: it came all the same
 		}
@@ -207,7 +208,7 @@ func (e *Engine) install(key, share string, tokens []int32, state []byte, origin
 	e.tick++ // the LRU clock: a later import is more recent, even with no step between
 	target.key, target.tokens, target.lastUsed, target.replica, target.share = key, append(target.tokens[:0], tokens...), e.tick, replica, share
 	target.origin = origin
-	e.hold(key)
+	e.hold(key, replica)
 	return nil
 }
 
@@ -237,9 +238,17 @@ func (e *Engine) Holds(key string) bool {
 	return ok
 }
 
-func (e *Engine) hold(key string) {
+// Owns reports whether conversation key has KV here as this node's own, not as a
+// replica kept for another node (the same approximation as Holds).
+func (e *Engine) Owns(key string) bool {
+	replica, ok := e.held.Load(key)
+	return ok && !replica.(bool)
+}
+
+// hold records that conversation key has KV here, as a replica or not (see Owns).
+func (e *Engine) hold(key string, replica bool) {
 	if key != "" {
-		e.held.Store(key, struct{}{})
+		e.held.Store(key, replica)
 	}
 }
 
@@ -250,6 +259,7 @@ func (e *Engine) Demote(ctx context.Context, key string) error {
 		for _, s := range e.slots {
 			if s.key == key && s.job == nil {
 				s.replica = true
+				e.hold(key, true)
 			}
 		}
 	})

@@ -150,7 +150,7 @@ func (e *Engine) resume(j *job, p placement, stats *infer.Stats) {
 	}
 	s.tokens = append(s.tokens[:0], tokens...)
 	s.key, s.job, s.replica, s.share, s.origin = j.req.SessionID, j, false, j.req.Share, infer.Local
-	e.hold(s.key)
+	e.hold(s.key, false)
 	j.slot = s
 	e.jobs = append(e.jobs, j)
 	e.log.Debug("batch request resumed", "session", j.req.SessionID, "seq", s.seq, "tokens", len(tokens))
@@ -425,7 +425,7 @@ func (e *Engine) start(j *job, p placement, stats *infer.Stats) {
 		source = s.origin
 	}
 	s.key, s.job, s.replica, s.share, s.origin = j.req.SessionID, j, false, j.req.Share, infer.Local
-	e.hold(s.key)
+	e.hold(s.key, false)
 	for _, tok := range j.prompt[max(0, len(j.prompt)-lastN):] {
 		j.sampler.Accept(tok)
 	}

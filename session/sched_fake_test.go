@@ -355,6 +355,43 @@ func TestFakeSource(t *testing.T) {
 	})
 }
 
+// TestFakeOwns: a conversation imported as a replica is held but not owned; a push of it,
+// or a turn run here, makes it this node's own; demoted, it is a replica again.
+func TestFakeOwns(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		src, _, stopSrc := startFake(t, nil)
+		defer stopSrc()
+		dst, _, stopDst := startFake(t, nil)
+		defer stopDst()
+		first, _, _ := ask(t, src, "c", "one two three", 2)
+		var frame bytes.Buffer
+		if _, err := src.Export(t.Context(), "c", &frame); err != nil {
+			t.Fatal(err)
+		}
+		state := func(when string, holds, owns bool) {
+			t.Helper()
+			if dst.Holds("c") != holds || dst.Owns("c") != owns {
+				t.Errorf("%s: holds %v, owns %v; want %v, %v", when, dst.Holds("c"), dst.Owns("c"), holds, owns)
+			}
+		}
+		state("before any import", false, false)
+		if _, err := dst.Import(t.Context(), frame.Bytes(), infer.Replica, ""); err != nil {
+			t.Fatal(err)
+		}
+		state("imported as a replica", true, false)
+		if _, err := dst.Import(t.Context(), frame.Bytes(), infer.Pushed, ""); err != nil {
+			t.Fatal(err)
+		}
+		state("then pushed", true, true)
+		if err := dst.Demote(t.Context(), "c"); err != nil {
+			t.Fatal(err)
+		}
+		state("demoted", true, false)
+		ask(t, dst, "c", "one two three"+first+" four", 1)
+		state("after a turn here", true, true)
+	})
+}
+
 // TestFakePromptLogprobs: a prompt given as tokens is scored whole, a step at a time,
 // even when its conversation holds its beginning: each token after the first gets the
 // model's log probability of it (the fake's is high where the token is the one it

@@ -161,6 +161,7 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&network, "network", "lan", "lan, or wan: gossip and peer checks paced for peers a WAN apart (docs/SCALE.md)")
 	fs.StringVar(&rc.Role, "role", rc.Role, "what this node does: both (own conversations and prefill them), decode (own them, and have a prefill node prefill a long new prompt when that costs less), or prefill (own none: prefill for the others)")
 	fs.BoolVar(&rc.SharePrefixes, "share-prefixes", rc.SharePrefixes, "gossip a digest of the prompt beginnings this node holds, and pull a new conversation's beginning from a peer that holds it instead of prefilling it")
+	fs.IntVar(&rc.PlaceMargin, "place-margin", rc.PlaceMargin, "how many more requests than the least loaded candidate a conversation's owner runs and queues before it declines a conversation it holds no KV of as its own, which then goes to that candidate (0: never)")
 	fs.IntVar(&rc.KV.Replicas, "replicas", rc.KV.Replicas, "nodes that keep a copy of a conversation's KV after each turn, for when its owner fails (0 to 3)")
 	fs.DurationVar(&rc.KV.Settle, "kv-settle", rc.KV.Settle, "how long the ring must be quiet before conversations this node no longer owns are pushed to their new owners (a turn sooner pulls)")
 	fs.Float64Var(&rc.KV.Bandwidth, "kv-bandwidth", rc.KV.Bandwidth, "Mbit/s this node's KV transfers may use together (0: unbounded)")

@@ -61,7 +61,9 @@ const (
 	// declares its frame's size (HeaderFrameBytes).
 	// 1.9: a KV frame's signature may cover its BLAKE3-256 instead of its SHA-256 (see
 	// Sum): a node pushes one so to peers of 1.9, and answers a pull of a 1.9 node so.
-	Minor = 9
+	// 1.10: a request may let its owner decline it (decline_above, see Request) for a
+	// less loaded node; an older owner serves it, as before.
+	Minor = 10
 
 	// MinorStored is the least minor version that keeps stored responses, MinorQuota
 	// rate-limit buckets.
@@ -166,7 +168,20 @@ type Request struct {
 	Continue         []int32   `json:"continue,omitempty"`        // since 1.7
 	Batch            bool      `json:"batch,omitempty"`           // since 1.7
 	CacheAnswer      bool      `json:"cache_answer,omitempty"`    // since 1.8
+	// DeclineAbove, when above 0, lets the owner decline the request for another node
+	// (503, code CodeDeclined, that node in HeaderPlaceTo): one it placed the conversation
+	// on earlier, or, when it holds no KV of the conversation as its own and runs and
+	// queues more than DeclineAbove requests, a less loaded one (see node/routing's
+	// place.go). Since 1.10. Not part of the engine's request.
+	DeclineAbove int `json:"decline_above,omitempty"`
 }
+
+// CodeDeclined is the code of an owner's busy answer to a request it declined (see
+// Request.DeclineAbove); HeaderPlaceTo on it names the node to send the request to.
+const (
+	CodeDeclined  = "declined"
+	HeaderPlaceTo = "X-Infernode-Place-To"
+)
 
 // Message is one message of a chat on the wire.
 type Message struct {
@@ -246,6 +261,7 @@ type Error struct {
 	Param      any    `json:"param"`
 	Code       any    `json:"code"`
 	RetryAfter int    `json:"retry_after,omitempty"` // seconds
+	PlaceTo    string `json:"-"`                     // a declining owner's choice (HeaderPlaceTo)
 }
 
 func (e *Error) Error() string { return e.Message }
@@ -285,6 +301,7 @@ func DecodeError(resp *http.Response) *Error {
 	if ra, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil {
 		e.Error.RetryAfter = ra
 	}
+	e.Error.PlaceTo = resp.Header.Get(HeaderPlaceTo)
 	return e.Error
 }
 

@@ -95,6 +95,11 @@ type Config struct {
 	SharePrefixes bool
 	// Candidates is how many ring owners a request may try. Default 3.
 	Candidates int
+	// PlaceMargin is how many more requests (running and queued) than the least loaded
+	// other candidate an owner may have before it declines a conversation it holds no KV
+	// of as its own, which then goes to that candidate (see placement). 0 turns
+	// placement by load off: the owner serves every conversation it can. Default 2.
+	PlaceMargin int
 	// DefaultMaxTokens is the engine's token limit for requests that set none, needed to
 	// resume such a request elsewhere. Required.
 	DefaultMaxTokens int
@@ -125,6 +130,7 @@ func DefaultConfig() Config {
 		Role:            RoleBoth,               // prefill and decode what it owns
 		SharePrefixes:   true,                   // a beginning held in the cluster is prefilled once
 		Candidates:      3,                      // the owner and two successors
+		PlaceMargin:     2,                      // see BenchmarkPlacement in docs/BENCHMARKS.md
 		Ring:            ring.DefaultConfig(),
 		KV:              kvmove.DefaultConfig(),
 		Stored:          stored.DefaultConfig(),
@@ -176,6 +182,7 @@ func (c Config) Validate() error {
 	check(c.ProbeTimeout <= 2*c.ProbeInterval, "probe timeout (%v) must be at most twice the probe interval (%v)", c.ProbeTimeout, c.ProbeInterval)
 	check(c.MaxLine >= 4096, "max line must be at least 4096 bytes, got %d", c.MaxLine)
 	check(c.Candidates >= 1, "candidates must be at least 1, got %d", c.Candidates)
+	check(c.PlaceMargin >= 0, "place margin must not be negative, got %d", c.PlaceMargin)
 	check(c.Role == RoleBoth || c.Role == RoleDecode || c.Role == RolePrefill, "role must be both, decode or prefill, got %q", c.Role)
 	check(c.ProbePeers >= 1, "probe peers must be at least 1, got %d", c.ProbePeers)
 	check(c.DefaultMaxTokens >= 1, "default max tokens must be at least 1, got %d", c.DefaultMaxTokens)

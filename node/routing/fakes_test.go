@@ -167,6 +167,7 @@ type script struct {
 	retry      time.Duration // when busy, the Retry-After it asks for (default 1s)
 	running    int           // requests its Stats report running
 	waiting    int           // and waiting
+	owns       bool          // Owns reports every conversation as this node's own
 	crashAfter int           // break the connection after this many tokens (0: never)
 	stallAfter int           // after this many tokens, wait for cancellation or release (0: never)
 }
@@ -241,6 +242,7 @@ func (*fakeEngine) Import(context.Context, []byte, infer.Origin, string) (infer.
 func (*fakeEngine) Conversations(context.Context) ([]string, error) { return nil, nil }
 func (*fakeEngine) Demote(context.Context, string) error            { return nil }
 func (*fakeEngine) Holds(string) bool                               { return false }
+func (e *fakeEngine) Owns(string) bool                              { return e.get().owns }
 func (*fakeEngine) Prefixes(context.Context, int) ([]uint64, error) { return nil, nil }
 
 // PromptPrefixes: the fake engine's prompt is its words, each a token, blocks hashed by
@@ -390,6 +392,13 @@ func (p *peer) serveHop(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	in := wire.Engine()
+	if p.router.local != nil { // a router with an engine places (see placing)
+		if to, ok := p.router.Place(in, wire.DeclineAbove); ok {
+			w.Header().Set(hop.HeaderPlaceTo, to)
+			writeErr(w, &hop.Error{Status: 503, Message: "declined", Type: "server_error", Code: hop.CodeDeclined})
+			return
+		}
+	}
 	var formatted string
 	if in.Prompt == "" { // a chat for this peer's model: formatted here, as node does
 		for _, m := range in.Messages {

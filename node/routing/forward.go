@@ -76,15 +76,21 @@ func (r *Router) Handoff(ctx context.Context, req infer.Request) (infer.Stream, 
 	return r.submit(ctx, target{name: r.cfg.Model}, req, []string{r.cfg.Self}, "")
 }
 
-// submit tries the owners of req on t's ring that are not in tried.
+// submit tries the owners of req on t's ring that are not in tried. A new request (not a
+// leg of one resumed) may be placed away from its owner (see place.go).
 func (r *Router) submit(ctx context.Context, t target, req infer.Request, tried []string, prefer string) (infer.Stream, error) {
 	cands := r.v.candidates(t.ring, req.SessionID)
 	if i := slices.IndexFunc(cands, func(c candidate) bool { return c.id == prefer && !c.full }); i > 0 {
 		c := cands[i]
 		cands = slices.Insert(slices.Delete(cands, i, i+1), 0, c)
 	}
+	decline := 0
+	if len(tried) == 0 && prefer == "" {
+		decline = r.placement(cands, req)
+	}
 	var busy error
-	for i, c := range cands {
+	for i := 0; i < len(cands); i++ {
+		c := cands[i]
 		if slices.Contains(tried, c.id) {
 			continue
 		}
@@ -96,6 +102,12 @@ func (r *Router) submit(ctx context.Context, t target, req infer.Request, tried 
 		}
 		last := i == len(cands)-1
 		if c.id == r.cfg.Self {
+			if to, ok := r.Place(req, decline); i == 0 && ok {
+				// Placed on another candidate, or back here after every other.
+				r.forwards.WithLabelValues("declined").Inc()
+				cands = placeNext(append(cands, c), i, to)
+				continue
+			}
 			st, err := r.ServeLocal(ctx, req)
 			if err == nil || !localBusy(err) {
 				return st, err
@@ -111,7 +123,11 @@ func (r *Router) submit(ctx context.Context, t target, req infer.Request, tried 
 			r.forwards.WithLabelValues("spilled").Inc()
 			continue
 		}
-		st, err := r.forward(ctx, c, t.name, req)
+		asked := 0
+		if i == 0 {
+			asked = decline
+		}
+		st, err := r.forward(ctx, c, t.name, req, asked)
 		if err == nil {
 			r.forwards.WithLabelValues("ok").Inc()
 			r.v.observe(c.id, true, "forward")
@@ -120,8 +136,15 @@ func (r *Router) submit(ctx context.Context, t target, req infer.Request, tried 
 		if ctx.Err() != nil {
 			return nil, err
 		}
-		tried = append(tried, c.id)
 		var remote *hop.Error
+		if errors.As(err, &remote) && remote.Code == hop.CodeDeclined {
+			// Placed on the candidate the owner names, or back to the owner, undeclinable,
+			// after every other.
+			r.forwards.WithLabelValues("declined").Inc()
+			cands = placeNext(append(cands, c), i, remote.PlaceTo)
+			continue
+		}
+		tried = append(tried, c.id)
 		switch {
 		case errors.As(err, &remote) && remote.Busy():
 			r.forwards.WithLabelValues("spilled").Inc()
@@ -178,8 +201,10 @@ func localBusy(err error) bool {
 // forward hands req to a peer and returns once the peer has answered with headers. The
 // forward (and the stream after it) is abandoned when the client goes or when this node
 // declares the peer down.
-func (r *Router) forward(ctx context.Context, c candidate, model string, req infer.Request) (*peerStream, error) {
-	body, err := json.Marshal(hop.NewRequest(model, req))
+func (r *Router) forward(ctx context.Context, c candidate, model string, req infer.Request, declineAbove int) (*peerStream, error) {
+	wire := hop.NewRequest(model, req)
+	wire.DeclineAbove = declineAbove
+	body, err := json.Marshal(wire)
 	if err != nil {
 		return nil, err
 	}

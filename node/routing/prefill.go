@@ -87,7 +87,7 @@ func (r *Router) prefillElsewhere(ctx context.Context, req infer.Request) {
 // its end, and pulls the KV p computed for pre's conversation, installing it as having
 // come as origin; the pull saves this node prefilling saved tokens (and may take as long).
 func (r *Router) prefillAndPull(ctx context.Context, p candidate, pre infer.Request, origin infer.Origin, saved int) error {
-	st, err := r.forward(ctx, p, r.cfg.Model, pre)
+	st, err := r.forward(ctx, p, r.cfg.Model, pre, 0)
 	if err != nil {
 		return err
 	}

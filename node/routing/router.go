@@ -49,6 +49,9 @@ type Engine interface {
 	// session's prefix digests).
 	Prefixes(ctx context.Context, limit int) ([]uint64, error)
 	PromptPrefixes(req infer.Request) ([]int32, []uint64, error)
+	// Owns reports whether a conversation has KV here as this node's own, not as a
+	// replica kept for another node.
+	Owns(key string) bool
 	kvmove.Local
 }
 
@@ -70,6 +73,7 @@ type Router struct {
 	// answers keeps whole answers to the greedy requests that ask (see node/answers).
 	answers *answers.Cache
 	scale   *autoscaler
+	placed  placed // where this node, as owner, placed conversations (see place.go)
 
 	forwards  *prometheus.CounterVec
 	prefills  *prometheus.CounterVec // prompts prefilled elsewhere (see prefill.go), by outcome
