@@ -43,12 +43,15 @@ import (
 var nginxConf string
 
 // Ports: nginx listens on nginxPort+i for setup i; infernode node i on infernodePort+i
-// (gossip gossipPort+i); ollama server i on ollamaPort+i.
+// (gossip gossipPort+i), the B cluster's on infernodeBPort+i (gossipBPort+i); ollama
+// server i on ollamaPort+i.
 const (
-	nginxPort     = 18600
-	infernodePort = 18610
-	ollamaPort    = 18620
-	gossipPort    = 18710
+	nginxPort      = 18600
+	infernodePort  = 18610
+	ollamaPort     = 18620
+	infernodeBPort = 18630
+	gossipPort     = 18710
+	gossipBPort    = 18730
 )
 
 // scales are the SLO multiples measured.
@@ -61,7 +64,7 @@ type config struct {
 	duration, killDuration                        time.Duration
 	killRate                                      float64
 	keep, kill                                    bool
-	infernodeArgs                                 string
+	infernodeArgs, infernodeBArgs                 string
 }
 
 func main() {
@@ -80,6 +83,7 @@ func main() {
 	flag.DurationVar(&c.duration, "rate-duration", 45*time.Second, "how long each rate runs")
 	flag.Float64Var(&c.killRate, "kill-rate", 1, "request rate of the kill runs")
 	flag.StringVar(&c.infernodeArgs, "infernode-args", "", "more flags for every infernode node (for an A/B: --replicas 0, ...)")
+	flag.StringVar(&c.infernodeBArgs, "infernode-b-args", "", "an A/B in one run: a second infernode cluster (on the same cores) with these flags too, measured in turn with the others; no kill run")
 	flag.BoolVar(&c.kill, "kill", true, "run the kill runs after the sweep")
 	flag.BoolVar(&c.keep, "keep", false, "keep the work directory (logs, nginx.conf, the kill runs' records); kept anyway on an error")
 	flag.DurationVar(&c.killDuration, "kill-duration", 60*time.Second, "length of a kill run: the last backend is killed half-way")
@@ -131,20 +135,28 @@ func run(c config) (err error) {
 	}()
 
 	// infernode: a cluster of nodes, node i pinned to core i.
-	cluster, err := testbed.Start(ctx, testbed.Config{Binary: c.infernode, Model: c.model, Nodes: c.nodes, Pin: true,
-		HTTPPort: infernodePort, GossipPort: gossipPort, LogDir: filepath.Join(work, "infernode"),
-		Args: append([]string{"--threads", "1", "--sequences", fmt.Sprint(c.parallel), "--ctx", fmt.Sprint(c.cells)}, strings.Fields(c.infernodeArgs)...)})
+	startCluster := func(name string, httpPort, gossip int, more string) (*testbed.Cluster, *setup, error) {
+		cluster, err := testbed.Start(ctx, testbed.Config{Binary: c.infernode, Model: c.model, Nodes: c.nodes, Pin: true,
+			HTTPPort: httpPort, GossipPort: gossip, LogDir: filepath.Join(work, name),
+			Args: append([]string{"--threads", "1", "--sequences", fmt.Sprint(c.parallel), "--ctx", fmt.Sprint(c.cells)}, strings.Fields(more)...)})
+		if err != nil {
+			return nil, nil, err
+		}
+		if _, err := cluster.WaitRings(ctx, cluster.IDs(), time.Minute); err != nil {
+			cluster.Close()
+			return nil, nil, err
+		}
+		s := &setup{Name: name, Title: "infernode, nginx round robin", backends: &backends{}}
+		for _, n := range cluster.Nodes {
+			s.Backends = append(s.Backends, n.HTTPAddr)
+		}
+		return cluster, s, nil
+	}
+	cluster, inf, err := startCluster("infernode", infernodePort, gossipPort, c.infernodeArgs)
 	if err != nil {
 		return err
 	}
 	defer cluster.Close()
-	if _, err := cluster.WaitRings(ctx, cluster.IDs(), time.Minute); err != nil {
-		return err
-	}
-	inf := &setup{Name: "infernode", Title: "infernode, nginx round robin", backends: &backends{}}
-	for _, n := range cluster.Nodes {
-		inf.Backends = append(inf.Backends, n.HTTPAddr)
-	}
 	last := cluster.Nodes[len(cluster.Nodes)-1]
 	inf.backends.kill = func() (string, string) { last.Kill(); return last.ID, last.HTTPAddr }
 	inf.backends.revive = func(ctx context.Context) error {
@@ -165,6 +177,15 @@ func run(c config) (err error) {
 	rr := &setup{Name: "ollama_rr", Title: "ollama, nginx round robin", Backends: oll.addrs, model: "bench", backends: &oll.backends}
 	sticky := &setup{Name: "ollama_sticky", Title: "ollama, nginx sticky", Backends: oll.addrs, Sticky: true, model: "bench", backends: &oll.backends}
 	setups := []*setup{inf, rr, sticky}
+	if c.infernodeBArgs != "" {
+		clusterB, b, err := startCluster("infernode_b", infernodeBPort, gossipBPort, c.infernodeArgs+" "+c.infernodeBArgs)
+		if err != nil {
+			return err
+		}
+		defer clusterB.Close()
+		b.Title = "infernode " + c.infernodeBArgs + ", nginx round robin"
+		setups = append(setups, b)
+	}
 	for i, s := range setups {
 		s.Listen = fmt.Sprintf("127.0.0.1:%d", nginxPort+i)
 	}
@@ -176,7 +197,7 @@ func run(c config) (err error) {
 
 	// Warm every backend through nginx (round robin reaches each), then measure the
 	// workload's median prompt and take the SLO from llama.cpp alone on one core.
-	for _, s := range []*setup{inf, rr} {
+	for _, s := range slices.DeleteFunc(slices.Clone(setups), func(s *setup) bool { return s == sticky }) {
 		if _, err := measure.Loadgen(c.loadgen, s.args("--concurrency", fmt.Sprint(2*c.nodes), "--rounds", "1", "--max-tokens", "8")...); err != nil {
 			return fmt.Errorf("warm-up of %s: %w", s.Title, err)
 		}
@@ -209,7 +230,7 @@ func run(c config) (err error) {
 		}
 	}
 	kills := map[*setup]killResult{}
-	for _, s := range setups {
+	for _, s := range setups[:3] {
 		if !c.kill {
 			break
 		}
@@ -460,11 +481,19 @@ func report(w0 io.Writer, c config, setups []*setup, sweep map[*setup][][]measur
 		fmt.Fprintf(w0, "\ngoodput at %.0f%% attainment, requests a second (the highest rate swept where %.0f%% met the SLO); goals: 1.5x round robin's, 1.2x sticky's\n",
 			100*goal, 100*goal)
 		w = tabwriter.NewWriter(w0, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintf(w, "round\tSLO\t%s\t%s\t%s\tover round robin\tover sticky\t\n", inf.Title, rr.Title, sticky.Title)
+		fmt.Fprintf(w, "round\tSLO\t%s\t%s\t%s\tover round robin\tover sticky\t", inf.Title, rr.Title, sticky.Title)
+		for _, b := range setups[3:] {
+			fmt.Fprintf(w, "%s\tover it\t", b.Title)
+		}
+		fmt.Fprintln(w)
 		for r := range c.rounds {
 			for i, scale := range scales {
 				g := func(s *setup) float64 { v, _ := measure.GoodputAt(sweep[s][r], i, goal); return v }
-				fmt.Fprintf(w, "%d\t%gx\t%.2f\t%.2f\t%.2f\t%s\t%s\t\n", r+1, scale, g(inf), g(rr), g(sticky), ratio(g(inf), g(rr)), ratio(g(inf), g(sticky)))
+				fmt.Fprintf(w, "%d\t%gx\t%.2f\t%.2f\t%.2f\t%s\t%s\t", r+1, scale, g(inf), g(rr), g(sticky), ratio(g(inf), g(rr)), ratio(g(inf), g(sticky)))
+				for _, b := range setups[3:] {
+					fmt.Fprintf(w, "%.2f\t%s\t", g(b), ratio(g(inf), g(b)))
+				}
+				fmt.Fprintln(w)
 			}
 		}
 		if err := w.Flush(); err != nil {
@@ -478,7 +507,7 @@ func report(w0 io.Writer, c config, setups []*setup, sweep map[*setup][][]measur
 	fmt.Fprintf(w0, "\nthe last backend SIGKILLed half-way through %v at %g requests a second (goal: no failed answers, against nginx's)\n", c.killDuration, c.killRate)
 	w = tabwriter.NewWriter(w0, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(w, "setup\trequests\tfailed\tof them through the killed process\tresumed\tits conversations' follow-ups after\ttheir TTFT p50\tcached\tother follow-ups' TTFT p50\t")
-	for _, s := range setups {
+	for _, s := range setups[:3] {
 		k := kills[s]
 		cached := "-"
 		if k.movedPrompt > 0 {

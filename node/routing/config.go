@@ -98,7 +98,8 @@ type Config struct {
 	// PlaceMargin is how many more requests (running and queued) than the least loaded
 	// other candidate an owner may have before it declines a conversation it holds no KV
 	// of as its own, which then goes to that candidate (see placement). 0 turns
-	// placement by load off: the owner serves every conversation it can. Default 2.
+	// placement by load off: the owner serves every conversation it can. Default 0 (see
+	// docs/BENCHMARKS.md for what 2 does).
 	PlaceMargin int
 	// DefaultMaxTokens is the engine's token limit for requests that set none, needed to
 	// resume such a request elsewhere. Required.
@@ -130,7 +131,6 @@ func DefaultConfig() Config {
 		Role:            RoleBoth,               // prefill and decode what it owns
 		SharePrefixes:   true,                   // a beginning held in the cluster is prefilled once
 		Candidates:      3,                      // the owner and two successors
-		PlaceMargin:     2,                      // see BenchmarkPlacement in docs/BENCHMARKS.md
 		Ring:            ring.DefaultConfig(),
 		KV:              kvmove.DefaultConfig(),
 		Stored:          stored.DefaultConfig(),

@@ -50,6 +50,7 @@ func TestPlacementByLoad(t *testing.T) {
 // it on a peer without a hop to itself.
 func TestPlacementFromLoadedEntry(t *testing.T) {
 	c := newCluster(t, "b", "c")
+	c.placing()
 	key := c.keyOwnedBy("a")
 	c.local.set(script{running: 5})
 	st, err := c.entry.Submit(t.Context(), greedy(key, "hello", 4))
@@ -85,9 +86,11 @@ func TestDeclinedOwnerServesWhenOthersBusy(t *testing.T) {
 	}
 }
 
-// placing gives each peer a router that sees the cluster (the entry's members, probed up)
-// and has its engine, as an owner's side of placement needs.
+// placing turns placement on at the entry (a margin of 2) and gives each peer a router
+// that sees the cluster (the entry's members, probed up) and has its engine, as an
+// owner's side of placement needs.
 func (c *cluster) placing() {
+	c.entry.cfg.PlaceMargin = 2
 	for id, p := range c.peers {
 		r, err := New(testConfig(id, c.clock, c.net), c.members, p.engine)
 		if err != nil {
