@@ -33,7 +33,7 @@ func (m *Mover) HandOff(ctx context.Context, leaving bool) (moved, failed int) {
 			continue
 		}
 		if !leaving {
-			if _, other := m.ring.Owner(key); !other {
+			if owner, other := m.ring.Owner(key); !other || m.placedAway(key, owner.ID) {
 				continue
 			}
 			why = ToOwner
@@ -57,6 +57,29 @@ func (m *Mover) HandOff(ctx context.Context, leaving bool) (moved, failed int) {
 		m.log.Info("hand-off", "leaving", leaving, "moved", moved, "failed", failed, "took", time.Since(start).Round(time.Millisecond))
 	}
 	return moved, failed
+}
+
+// maxAway bounds the conversations Away remembers: past it, they are forgotten (and handed
+// to their owners on the next ring change, as before placement).
+const maxAway = 1 << 16
+
+// Away records that conversation key is served here though owner owns it on the ring: it
+// was placed here (a load-aware owner declined it). HandOff leaves it here while that
+// node owns it still: a ring change elsewhere does not undo the placement.
+func (m *Mover) Away(key, owner string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(m.away) >= maxAway {
+		clear(m.away)
+	}
+	m.away[key] = owner
+}
+
+// placedAway reports whether key's conversation was served here while owner owned it.
+func (m *Mover) placedAway(key, owner string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.away[key] == owner
 }
 
 // KeepWarm keeps a conversation's KV, after a turn served here, on the node that would

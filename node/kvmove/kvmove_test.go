@@ -53,6 +53,7 @@ type fakeLocal struct {
 	mu     sync.Mutex
 	frames []string
 	held   infer.Frame // what a snapshot gives (nil: nothing held)
+	convs  []string    // the conversations it lists
 }
 
 func (l *fakeLocal) Snapshot(context.Context, string) (infer.Frame, error) {
@@ -70,7 +71,7 @@ func (l *fakeLocal) Import(_ context.Context, b []byte, _ infer.Origin, want str
 	l.frames = append(l.frames, string(b))
 	return infer.Imported{}, nil
 }
-func (l *fakeLocal) Conversations(context.Context) ([]string, error) { return nil, nil }
+func (l *fakeLocal) Conversations(context.Context) ([]string, error) { return l.convs, nil }
 func (l *fakeLocal) Demote(context.Context, string) error            { return nil }
 func (l *fakeLocal) Holds(string) bool                               { return false }
 func (l *fakeLocal) Stats() infer.Stats                              { return infer.Stats{} }
@@ -158,6 +159,25 @@ func (testFrame) Release()      {}
 type memFrame struct{ testFrame }
 
 func (f memFrame) Reader() io.Reader { return bytes.NewReader(make([]byte, f.size)) }
+
+// TestHandOffLeavesPlaced: a ring change hands the conversations this node holds but
+// another owns to their owners, but one placed here by its owner (Away) stays while that
+// node owns it; once its owner changes, it goes to the new one.
+func TestHandOffLeavesPlaced(t *testing.T) {
+	o1, o2 := startPeer(t, "o1"), startPeer(t, "o2")
+	ring := &fakeRing{owner: map[string]Peer{"placed": o1.Peer, "spilled": o1.Peer}}
+	m := newMover(t, ring, &fakeLocal{held: memFrame{testFrame{size: 64, tokens: 4}}, convs: []string{"placed", "spilled"}}, nil)
+	m.Away("placed", "o1")
+	if moved, failed := m.HandOff(t.Context(), false); moved != 1 || failed != 0 || len(o1.frames()) != 1 {
+		t.Fatalf("moved %d, failed %d, o1 took %v: want the one conversation not placed here", moved, failed, o1.frames())
+	}
+	ring.mu.Lock()
+	ring.owner = map[string]Peer{"placed": o2.Peer}
+	ring.mu.Unlock()
+	if moved, _ := m.HandOff(t.Context(), false); moved != 1 || len(o2.frames()) != 1 {
+		t.Fatalf("after its owner changed: moved %d, o2 took %v, want the placed conversation", moved, o2.frames())
+	}
+}
 
 // TestPushes: a replica goes, signed, to every heir (up to Replicas) on the replica path;
 // a hand-off on leaving to the first heir; a push to the owner to the owner; with no one

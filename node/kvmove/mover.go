@@ -103,6 +103,7 @@ type Mover struct {
 	rates  map[string]float64   // bytes a second of past pushes, by peer id (moving average)
 	pulled map[string]time.Time // when each conversation was last asked for (see previousOwners)
 	handed map[string]bool      // conversations pushed to their heirs on this node's leave
+	away   map[string]string    // conversations served here though another node owned them: that owner (see Away)
 	// perToken is the KV bytes a token of the last frame moved (see TransferTime).
 	perToken float64
 
@@ -129,6 +130,7 @@ func New(cfg Config, ring Ring, local Local, auth *hop.Auth, client *http.Client
 		limit:    newLimit(cfg.Bandwidth),
 		rates:    map[string]float64{},
 		pulled:   map[string]time.Time{},
+		away:     map[string]string{},
 		handed:   map[string]bool{},
 		transfers: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "infernode_kv_transfers_total", Help: "Conversation KV caches pushed to (sent) or taken from (received) peers, by outcome.",

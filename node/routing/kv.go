@@ -85,6 +85,13 @@ func (k quotaRing) Owner(model, key string) (quota.Peer, bool) {
 // node prefill it (see prefill.go).
 func (r *Router) ServeLocal(ctx context.Context, req infer.Request) (infer.Stream, error) {
 	return r.answers.Serve(req, func() (infer.Stream, error) {
+		if r.cfg.PlaceMargin > 0 && req.SessionID != "" {
+			// Served here, not on its owner: placed here (or spilled), so a ring change
+			// elsewhere leaves it here (kvmove.Mover.Away).
+			if owner, other := (kvRing{r}).Owner(req.SessionID); other {
+				r.kv.Away(req.SessionID, owner.ID)
+			}
+		}
 		r.kv.BeforeServe(ctx, req)
 		req = r.prefixElsewhere(ctx, req)
 		r.prefillElsewhere(ctx, req)
