@@ -230,9 +230,8 @@ func (e *Engine) setState(s *slot, state []byte, tokens int) error {
 	return err
 }
 
-// Holds reports whether conversation key has KV here (an approximation read without the
-// engine goroutine: a conversation dropped from one of two slots holding it reads as
-// gone).
+// Holds reports whether conversation key has KV here (read without the engine
+// goroutine: a conversation evicted a moment ago may still read as held).
 func (e *Engine) Holds(key string) bool {
 	_, ok := e.held.Load(key)
 	return ok

@@ -460,8 +460,20 @@ func (e *Engine) restore(p *placement) {
 func (e *Engine) drop(s *slot) {
 	e.forget(s)
 	e.b.SeqRemove(s.seq, 0, -1)
-	e.held.Delete(s.key)
+	e.unhold(s)
 	s.tokens, s.key = s.tokens[:0], ""
+}
+
+// unhold forgets that slot s's conversation is held here, unless another slot holds it
+// too (two turns of one conversation at once run in two slots).
+func (e *Engine) unhold(s *slot) {
+	for _, o := range e.slots {
+		if o != s && o.key == s.key && s.key != "" {
+			e.hold(o.key, o.replica)
+			return
+		}
+	}
+	e.held.Delete(s.key)
 }
 
 // The prefill rate (Stats.PrefillRate) averages steps that prefilled at least

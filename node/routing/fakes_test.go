@@ -168,6 +168,7 @@ type script struct {
 	running    int           // requests its Stats report running
 	waiting    int           // and waiting
 	owns       bool          // Owns reports every conversation as this node's own
+	holds      bool          // Holds reports every conversation held here (as a replica, unless owns)
 	crashAfter int           // break the connection after this many tokens (0: never)
 	stallAfter int           // after this many tokens, wait for cancellation or release (0: never)
 }
@@ -241,7 +242,7 @@ func (*fakeEngine) Import(context.Context, []byte, infer.Origin, string) (infer.
 }
 func (*fakeEngine) Conversations(context.Context) ([]string, error) { return nil, nil }
 func (*fakeEngine) Demote(context.Context, string) error            { return nil }
-func (*fakeEngine) Holds(string) bool                               { return false }
+func (e *fakeEngine) Holds(string) bool                             { s := e.get(); return s.holds || s.owns }
 func (e *fakeEngine) Owns(string) bool                              { return e.get().owns }
 func (*fakeEngine) Prefixes(context.Context, int) ([]uint64, error) { return nil, nil }
 

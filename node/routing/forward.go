@@ -103,9 +103,9 @@ func (r *Router) submit(ctx context.Context, t target, req infer.Request, tried 
 		last := i == len(cands)-1
 		if c.id == r.cfg.Self {
 			if to, ok := r.Place(req, decline); i == 0 && ok {
-				// Placed on another candidate, or back here after every other.
+				// Placed on another candidate, or back here.
 				r.forwards.WithLabelValues("declined").Inc()
-				cands = placeNext(append(cands, c), i, to)
+				cands = placeNext(cands, i, to, c)
 				continue
 			}
 			st, err := r.ServeLocal(ctx, req)
@@ -138,10 +138,10 @@ func (r *Router) submit(ctx context.Context, t target, req infer.Request, tried 
 		}
 		var remote *hop.Error
 		if errors.As(err, &remote) && remote.Code == hop.CodeDeclined {
-			// Placed on the candidate the owner names, or back to the owner, undeclinable,
-			// after every other.
+			// Placed on the candidate the owner names, else back to the owner, which may
+			// not decline again.
 			r.forwards.WithLabelValues("declined").Inc()
-			cands = placeNext(append(cands, c), i, remote.PlaceTo)
+			cands = placeNext(cands, i, remote.PlaceTo, c)
 			continue
 		}
 		tried = append(tried, c.id)

@@ -1,6 +1,7 @@
 package routing
 
 import (
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -13,13 +14,15 @@ import (
 // another: measured on two nodes of one core each, the ring gave one of them 32 of 42
 // conversations' requests, and it ran saturated while the other idled (docs/BENCHMARKS.md).
 // A conversation that is nowhere yet costs a prefill wherever it goes, so its owner, when
-// it is the busier by Config.PlaceMargin requests, places it on the least loaded other
-// candidate instead: it declines the request (503, hop.CodeDeclined) naming that node, and
-// remembers it. The conversation's KV is then that node's own, and its later turns, which
-// reach the owner as the ring says, are declined to it too: decode stays where the KV is.
-// The node keeps its replicas on the owner as on any heir, so when it dies, the owner
-// serves the conversation warm. Nothing is refused for it: an owner whose choice is
-// refused, or who has no other candidate, serves the request after all (placeNext).
+// it is the busier by Config.PlaceMargin requests and holds none of its KV, places it on
+// the least loaded other candidate instead: it declines the request (503,
+// hop.CodeDeclined) naming that node, and remembers it. The conversation's KV is then that
+// node's own, and its later turns, which reach the owner as the ring says, are declined to
+// it too: decode stays where the KV is. That node keeps its replicas on the owner as on any
+// heir, so when it dies the owner serves the conversation warm, and a ring change
+// elsewhere leaves the conversation where it is (kvmove.Mover.Away). Nothing is refused
+// for placement: an owner whose choice is refused, or who has no other candidate, serves
+// the request after all (placeNext).
 
 // placeTTL is how long an owner remembers where it placed a conversation; maxPlaced bounds
 // the memory (past it, the oldest half is forgotten: a forgotten conversation's next
@@ -79,26 +82,34 @@ func (p *placed) forget(key string) {
 
 // placement is what an entry node lets req's first candidate, its owner, do: decline it
 // when the owner runs and queues more than the returned load (0: it may not), the least
-// loaded other candidate's that could serve req plus Config.PlaceMargin. Only a request's
-// first leg is placed, never a resumed one or a prefill.
+// loaded other candidate's that could serve req plus Config.PlaceMargin. With only slow
+// candidates besides, no load is enough, but the owner may still send a conversation it
+// placed before to where its KV is. Only a request's first leg is placed, never a resumed
+// one or a prefill.
 func (r *Router) placement(cands []candidate, req infer.Request) int {
 	if r.cfg.PlaceMargin == 0 || req.SessionID == "" || req.PrefillOnly || len(req.Continue) > 0 || len(cands) < 2 {
 		return 0
 	}
+	above := 0
 	for _, c := range cands[1:] { // in order of preference: not full, not slow, least loaded first
-		if !c.full && !c.slow && c.minor >= hop.MinorFor(req) {
+		switch {
+		case c.full || c.minor < hop.MinorFor(req):
+		case !c.slow:
 			return c.load + r.cfg.PlaceMargin
+		default:
+			above = math.MaxInt32
 		}
 	}
-	return 0
+	return above
 }
 
 // Place decides, on req's conversation's owner, whether it declines req, which lets it
 // decline above load (hop.Request.DeclineAbove), and names the node to serve it instead:
 // the node it placed the conversation on before, while that is a candidate still; else,
-// when this node holds none of the conversation's KV as its own and runs and queues more
-// than above, the least loaded other candidate, remembered for the conversation's next
-// turns. A conversation this node owns the KV of is served here.
+// when this node holds none of the conversation's KV (not even a replica: a turn served
+// from one is warm) and runs and queues more than above, the least loaded other
+// candidate, remembered for the conversation's next turns. A conversation this node owns
+// the KV of is served here.
 func (r *Router) Place(req infer.Request, above int) (to string, decline bool) {
 	key := req.SessionID
 	if above <= 0 {
@@ -110,7 +121,11 @@ func (r *Router) Place(req infer.Request, above int) (to string, decline bool) {
 	}
 	now := r.clock.Now()
 	to = r.placed.get(key, now)
-	if st := r.local.Stats(); to == "" && st.Running+st.Waiting <= above {
+	loaded := func() bool {
+		st := r.local.Stats()
+		return st.Running+st.Waiting > above && !r.local.Holds(key)
+	}
+	if to == "" && !loaded() {
 		return "", false
 	}
 	cands := r.v.candidates("", key)
@@ -122,7 +137,7 @@ func (r *Router) Place(req infer.Request, above int) (to string, decline bool) {
 			return to, true
 		}
 		r.placed.forget(key)
-		if st := r.local.Stats(); st.Running+st.Waiting <= above {
+		if !loaded() {
 			return "", false
 		}
 	}
@@ -134,13 +149,15 @@ func (r *Router) Place(req infer.Request, above int) (to string, decline bool) {
 	return cands[i].id, true
 }
 
-// placeNext moves the candidate named to, when it is among cands after i, to just after
-// i: the node an owner placed a request on is tried next.
-func placeNext(cands []candidate, i int, to string) []candidate {
-	j := slices.IndexFunc(cands[i+1:], func(c candidate) bool { return c.id == to })
-	if j <= 0 {
-		return cands
+// placeNext puts next after cands[i] the candidate named to, when it is among those after
+// i, then c, the owner that declined (after i it may not decline again): a declined
+// request goes where its owner placed it, else back to its owner, before any other.
+func placeNext(cands []candidate, i int, to string, c candidate) []candidate {
+	rest := slices.Clone(cands[i+1:])
+	out := append(cands[:i+1:i+1], c)
+	if j := slices.IndexFunc(rest, func(x candidate) bool { return x.id == to }); j >= 0 {
+		out = slices.Insert(out, i+1, rest[j])
+		rest = slices.Delete(rest, j, j+1)
 	}
-	c := cands[i+1+j]
-	return slices.Insert(slices.Delete(cands, i+1+j, i+2+j), i+1, c)
+	return append(out, rest...)
 }

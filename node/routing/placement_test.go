@@ -20,6 +20,7 @@ func TestPlacementByLoad(t *testing.T) {
 		{"loaded owner without the conversation declines", script{running: 3, waiting: 1}, 2, "other", 1},
 		{"within the margin the owner serves", script{running: 2}, 2, "b", 0},
 		{"an owner with the conversation's KV serves", script{running: 6, owns: true}, 2, "b", 0},
+		{"an owner with a replica of it serves", script{running: 6, holds: true}, 2, "b", 0},
 		{"margin 0: placement off", script{running: 6}, 0, "b", 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -65,8 +66,9 @@ func TestPlacementFromLoadedEntry(t *testing.T) {
 	}
 }
 
-// A declining owner is asked again, without the choice, when every other candidate is
-// busy: placement never turns a request away that the owner could serve.
+// A declining owner is asked again, without the choice, when the node it names is busy,
+// before any other candidate: placement never turns a request away that the owner could
+// serve, nor sends it where its owner did not say.
 func TestDeclinedOwnerServesWhenOthersBusy(t *testing.T) {
 	c := newCluster(t, "b", "c")
 	c.placing()
