@@ -92,9 +92,9 @@ func (s *Server) handleInternal(ctx *fasthttp.RequestCtx) {
 	}
 	c := &completion{internal: true, endpoint: hop.Path, stream: true, start: time.Now(), model: s.cfg.ModelName, req: wire.Engine()}
 	if to, ok := s.cluster.Place(c.req, wire.DeclineAbove); ok {
-		ctx.Response.Header.Set(hop.HeaderPlaceTo, to)
 		writeError(ctx, &hop.Error{Status: fasthttp.StatusServiceUnavailable, Type: "server_error", Code: hop.CodeDeclined,
 			Message: "declined: the conversation is placed on " + to})
+		ctx.Response.Header.Set(hop.HeaderPlaceTo, to) // after writeError, which resets the response
 		return
 	}
 	if c.req.Prompt == "" && len(c.req.Messages) > 0 {

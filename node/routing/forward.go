@@ -102,7 +102,7 @@ func (r *Router) submit(ctx context.Context, t target, req infer.Request, tried 
 		}
 		last := i == len(cands)-1
 		if c.id == r.cfg.Self {
-			if to, ok := r.Place(req, decline); i == 0 && ok {
+			if to, ok := r.place(i, req, decline); ok {
 				// Placed on another candidate, or back here.
 				r.forwards.WithLabelValues("declined").Inc()
 				cands = placeNext(cands, i, to, c)

@@ -149,6 +149,15 @@ func (r *Router) Place(req infer.Request, above int) (to string, decline bool) {
 	return cands[i].id, true
 }
 
+// place is Place for the i-th candidate of a request this node entered, itself: only
+// the first, its owner, may decline it.
+func (r *Router) place(i int, req infer.Request, above int) (string, bool) {
+	if i != 0 {
+		return "", false
+	}
+	return r.Place(req, above)
+}
+
 // placeNext puts next after cands[i] the candidate named to, when it is among those after
 // i, then c, the owner that declined (after i it may not decline again): a declined
 // request goes where its owner placed it, else back to its owner, before any other.
