@@ -137,9 +137,9 @@ func (r *Router) submit(ctx context.Context, t target, req infer.Request, tried 
 			return nil, err
 		}
 		var remote *hop.Error
-		if errors.As(err, &remote) && remote.Code == hop.CodeDeclined {
+		if errors.As(err, &remote) && remote.Code == hop.CodeDeclined && asked > 0 {
 			// Placed on the candidate the owner names, else back to the owner, which may
-			// not decline again.
+			// not decline again (a decline it was not asked for is busy, below).
 			r.forwards.WithLabelValues("declined").Inc()
 			cands = placeNext(cands, i, remote.PlaceTo, c)
 			continue
