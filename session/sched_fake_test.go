@@ -303,6 +303,18 @@ func TestFakePromptBytes(t *testing.T) {
 	})
 }
 
+// exportedTurn runs a first turn of conversation key on e and returns its answer and the
+// conversation's KV frame.
+func exportedTurn(t *testing.T, e *Engine, key, prompt string) (string, []byte) {
+	t.Helper()
+	first, _, _ := ask(t, e, key, prompt, 2)
+	var frame bytes.Buffer
+	if _, err := e.Export(t.Context(), key, &frame); err != nil {
+		t.Fatal(err)
+	}
+	return first, frame.Bytes()
+}
+
 // TestFakeSource: the first turn after an import reports how its cached tokens came
 // (Source); a hand-off of what a replica already held reports the hand-off, a replica never
 // hides a hand-off, and once a turn ran here the next reports Local.
@@ -312,11 +324,7 @@ func TestFakeSource(t *testing.T) {
 		defer stopSrc()
 		dst, _, stopDst := startFake(t, nil)
 		defer stopDst()
-		first, _, _ := ask(t, src, "c", "one two three", 2)
-		var frame bytes.Buffer
-		if _, err := src.Export(t.Context(), "c", &frame); err != nil {
-			t.Fatal(err)
-		}
+		first, frame := exportedTurn(t, src, "c", "one two three")
 		turn := func(prompt string) infer.Origin {
 			t.Helper()
 			st, err := dst.Submit(t.Context(), infer.Request{SessionID: "c", Prompt: prompt, MaxTokens: 1, Sampling: infer.Greedy()})
@@ -341,7 +349,7 @@ func TestFakeSource(t *testing.T) {
 			{[]infer.Origin{infer.Pulled}, infer.Pulled},
 		} {
 			for _, o := range tc.imports {
-				if _, err := dst.Import(t.Context(), frame.Bytes(), o, ""); err != nil {
+				if _, err := dst.Import(t.Context(), frame, o, ""); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -363,11 +371,7 @@ func TestFakeOwns(t *testing.T) {
 		defer stopSrc()
 		dst, _, stopDst := startFake(t, nil)
 		defer stopDst()
-		first, _, _ := ask(t, src, "c", "one two three", 2)
-		var frame bytes.Buffer
-		if _, err := src.Export(t.Context(), "c", &frame); err != nil {
-			t.Fatal(err)
-		}
+		first, frame := exportedTurn(t, src, "c", "one two three")
 		state := func(when string, holds, owns bool) {
 			t.Helper()
 			if dst.Holds("c") != holds || dst.Owns("c") != owns {
@@ -375,11 +379,11 @@ func TestFakeOwns(t *testing.T) {
 			}
 		}
 		state("before any import", false, false)
-		if _, err := dst.Import(t.Context(), frame.Bytes(), infer.Replica, ""); err != nil {
+		if _, err := dst.Import(t.Context(), frame, infer.Replica, ""); err != nil {
 			t.Fatal(err)
 		}
 		state("imported as a replica", true, false)
-		if _, err := dst.Import(t.Context(), frame.Bytes(), infer.Pushed, ""); err != nil {
+		if _, err := dst.Import(t.Context(), frame, infer.Pushed, ""); err != nil {
 			t.Fatal(err)
 		}
 		state("then pushed", true, true)

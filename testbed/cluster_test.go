@@ -68,6 +68,23 @@ func startCluster(t testing.TB, n int, args ...string) *Cluster {
 	return c
 }
 
+// ownedBy probes conversations conv(0), conv(1), ... with a one-token turn entering on
+// entry (an idle cluster serves each on its owner) until n of them were served by owner,
+// and returns those; it fails the test after tries probes.
+func ownedBy(t testing.TB, entry, owner *Node, n, tries int, conv func(i int) []message) [][]message {
+	t.Helper()
+	var owned [][]message
+	for i := 0; len(owned) < n && i < tries; i++ {
+		if m := conv(i); chat(t, entry.URL(), m, 1).node == owner.ID {
+			owned = append(owned, m)
+		}
+	}
+	if len(owned) < n {
+		t.Fatalf("only %d conversations of %d are owned by %s, want %d", len(owned), tries, owner.ID, n)
+	}
+	return owned
+}
+
 func tailLines(s string, n int) string {
 	lines := strings.Split(strings.TrimSpace(s), "\n")
 	return strings.Join(lines[max(0, len(lines)-n):], "\n")
@@ -312,17 +329,9 @@ func TestKillOwner(t *testing.T) {
 	c := startCluster(t, 3)
 	// Find a conversation owned by node2.
 	victim := c.Nodes[1]
-	var msgs []message
-	for i := range 100 {
-		m := []message{{"system", fmt.Sprintf("story %d", i)}, {"user", "tell me everything"}}
-		if chat(t, c.Nodes[0].URL(), m, 1).node == victim.ID {
-			msgs = m
-			break
-		}
-	}
-	if msgs == nil {
-		t.Fatal("no conversation of 100 is owned by node2")
-	}
+	msgs := ownedBy(t, c.Nodes[0], victim, 1, 100, func(i int) []message {
+		return []message{{"system", fmt.Sprintf("story %d", i)}, {"user", "tell me everything"}}
+	})[0]
 	const long = 1200 // long enough for the kill to land mid-stream; longer answers meet more near-ties (see docs/CHAOS.md)
 	reference, served, _, err := streamChat(c.Nodes[0].URL(), msgs, long, 0, nil)
 	if err != nil || served != victim.ID {
@@ -413,16 +422,9 @@ func TestKillOwner(t *testing.T) {
 func TestLeaveOwner(t *testing.T) {
 	c := startCluster(t, 3)
 	entry, victim := c.Nodes[0], c.Nodes[1]
-	var convs [][]message
-	for i := 0; len(convs) < 8 && i < 400; i++ {
-		m := []message{{"system", fmt.Sprintf("story %d", i)}, {"user", "tell me everything"}}
-		if chat(t, entry.URL(), m, 1).node == victim.ID {
-			convs = append(convs, m)
-		}
-	}
-	if len(convs) < 8 {
-		t.Fatalf("only %d conversations of 400 are owned by %s", len(convs), victim.ID)
-	}
+	convs := ownedBy(t, entry, victim, 8, 400, func(i int) []message {
+		return []message{{"system", fmt.Sprintf("story %d", i)}, {"user", "tell me everything"}}
+	})
 	type result struct {
 		served  string
 		markers int

@@ -213,16 +213,9 @@ type movedConv struct {
 // every probe stays cached somewhere, and the turns' replicas must be the latest.
 func ownedConversations(t *testing.T, entry, owner *Node, n int) []movedConv {
 	t.Helper()
-	var owned [][]message
-	for i := 0; len(owned) < n && i < 200; i++ {
-		m := []message{{"system", fmt.Sprintf("story %d: %s", i, strings.Repeat("a long and winding tale ", 20))}, {"user", "begin"}}
-		if chat(t, entry.URL(), m, 1).node == owner.ID {
-			owned = append(owned, m)
-		}
-	}
-	if len(owned) < n {
-		t.Fatalf("only %d conversations of 200 are owned by %s", len(owned), owner.ID)
-	}
+	owned := ownedBy(t, entry, owner, n, 200, func(i int) []message {
+		return []message{{"system", fmt.Sprintf("story %d: %s", i, strings.Repeat("a long and winding tale ", 20))}, {"user", "begin"}}
+	})
 	var convs []movedConv
 	for _, m := range owned {
 		first := chat(t, entry.URL(), m, 120)

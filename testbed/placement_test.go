@@ -21,16 +21,9 @@ func TestPlacementByLoad(t *testing.T) {
 	idle, busy := c.Nodes[0], c.Nodes[1]
 	// Three conversations the busy node owns (the idle cluster serves each on its owner),
 	// streamed long there: its load is 3 while the short turns below run.
-	var loads [][]message
-	for i := 0; len(loads) < 3 && i < 100; i++ {
-		m := []message{{"system", fmt.Sprintf("load %d", i)}, {"user", "tell me everything"}}
-		if chat(t, idle.URL(), m, 1).node == busy.ID {
-			loads = append(loads, m)
-		}
-	}
-	if len(loads) < 3 {
-		t.Fatalf("%d of 100 conversations are owned by %s, want 3", len(loads), busy.ID)
-	}
+	loads := ownedBy(t, idle, busy, 3, 100, func(i int) []message {
+		return []message{{"system", fmt.Sprintf("load %d", i)}, {"user", "tell me everything"}}
+	})
 	var wg sync.WaitGroup
 	started := make(chan struct{}, len(loads))
 	var mu sync.Mutex
