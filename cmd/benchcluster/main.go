@@ -483,7 +483,7 @@ func report(w0 io.Writer, c config, setups []*setup, sweep map[*setup][][]measur
 		w = tabwriter.NewWriter(w0, 0, 0, 2, ' ', tabwriter.AlignRight)
 		fmt.Fprintf(w, "round\tSLO\t%s\t%s\t%s\tover round robin\tover sticky\t", inf.Title, rr.Title, sticky.Title)
 		for _, b := range setups[3:] {
-			fmt.Fprintf(w, "%s\tover it\t", b.Title)
+			fmt.Fprintf(w, "%s\tthe first over it\t", b.Title)
 		}
 		fmt.Fprintln(w)
 		for r := range c.rounds {

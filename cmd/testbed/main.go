@@ -64,6 +64,7 @@ func chaos(args []string) int {
 	seed := fs.Uint64("seed", 0, "workload seed (0: from the clock; printed)")
 	out := fs.String("out", ".build/chaos", "directory for JSON reports and node logs")
 	only := fs.String("only", "", "run only the scenario of this name")
+	nodeArgs := fs.String("node-args", "", "more flags for every node (a scenario's own flags win over them), e.g. \"--place-margin 2\"")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -91,7 +92,7 @@ func chaos(args []string) int {
 		os.MkdirAll(dir, 0o755)
 		threads := max(1, runtime.NumCPU()/s.Nodes)
 		rep, err := testbed.RunScenario(ctx, testbed.Config{Binary: *binary, Model: *model, LogDir: dir,
-			Args: []string{"--threads", strconv.Itoa(threads), "--log-level", "info"}}, s)
+			Args: append([]string{"--threads", strconv.Itoa(threads), "--log-level", "info"}, strings.Fields(*nodeArgs)...)}, s)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "scenario %s: %v\n", s.Name, err)
 			failed = true
@@ -123,6 +124,7 @@ func autoscale(args []string) int {
 	fs.DurationVar(&a.CPUPeriod, "cpu-period", a.CPUPeriod, "the period of that share (the kernel default is 100ms: a node that spends its share early is stopped for the rest of it)")
 	fs.IntVar(&a.Max, "max", a.Max, "most nodes the controller may ask for")
 	fs.BoolVar(&a.CalibrateOnly, "calibrate", false, "only calibrate: a node's capacity, interactive first tokens alone, alone again and beside batch work (5 minutes)")
+	nodeArgs := fs.String("node-args", "", "more flags for every node, separated by spaces (an A/B of a flag in turn with the default)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -135,7 +137,7 @@ func autoscale(args []string) int {
 	os.RemoveAll(*out)
 	os.MkdirAll(*out, 0o755)
 	rep, err := testbed.RunAutoscale(ctx, testbed.Config{Binary: *binary, Model: *model, LogDir: *out,
-		Args: []string{"--log-level", "info"}}, a)
+		Args: append([]string{"--log-level", "info"}, strings.Fields(*nodeArgs)...)}, a)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "autoscale: %v\n", err)
 		return 1
