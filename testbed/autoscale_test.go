@@ -86,3 +86,26 @@ func TestRecovery(t *testing.T) {
 		t.Errorf("under the target from %v (%v), want 30 s in: the window holds slow ones until then", back.Sub(start), ok)
 	}
 }
+
+// TestBatchCheckChance: the batch check holds the p99 beside batch work to its target and
+// says when the two alone phases alone differ by more than the bound.
+func TestBatchCheckChance(t *testing.T) {
+	const chance = "chance's as much as"
+	for _, tc := range []struct {
+		alone, again, beside time.Duration
+		pass, noted          bool
+	}{
+		{200 * time.Millisecond, 220 * time.Millisecond, 280 * time.Millisecond, true, false},
+		{200 * time.Millisecond, 220 * time.Millisecond, 320 * time.Millisecond, false, false},
+		{200 * time.Millisecond, 420 * time.Millisecond, 320 * time.Millisecond, false, true},
+		{400 * time.Millisecond, 200 * time.Millisecond, 300 * time.Millisecond, true, true},
+	} {
+		rep := &AutoscaleReport{Alone: [2]time.Duration{0, tc.alone}, AloneAgain: [2]time.Duration{0, tc.again},
+			WithBatch: [2]time.Duration{0, tc.beside}, BatchDone: 10, Target: time.Duration(1.5 * float64(tc.alone))}
+		rep.Config.TTFTFactor = 1.5
+		c := rep.batchCheck()
+		if c.Pass != tc.pass || strings.Contains(c.Detail, chance) != tc.noted {
+			t.Errorf("alone %v, again %v, beside %v: pass %v, detail %q; want pass %v, noted %v", tc.alone, tc.again, tc.beside, c.Pass, c.Detail, tc.pass, tc.noted)
+		}
+	}
+}
