@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -148,27 +149,51 @@ func TestHostileFields(t *testing.T) {
 
 // TestKVBodyLimit: on a cluster node, a KV frame larger than an API request is read only
 // when the peer's signature over the body's declared hash checks out as the headers
-// arrive; the same body with a forged signature, or without the hash, is refused with 413
-// before it is read, and so is an API request that large.
+// arrive; the same frame with a forged signature, or without the hash, and an API request
+// that large, are answered when 8 KiB of the body have come (the client sends no more
+// until then), and so is a signed frame over MaxKVBytes.
 func TestKVBodyLimit(t *testing.T) {
 	nodes := startFakeCluster(t, 2, testSecret)
 	target := nodes[1]
 	body := make([]byte, 5<<20) // over the 4 MiB of an API request
-	post := func(path string, signer *hop.Auth, hash bool, blake3 bool) int {
-		req, _ := http.NewRequest("POST", target.url+path, bytes.NewReader(body))
-		req.Header.Set("Content-Type", "application/octet-stream")
+	contentType := "application/octet-stream"
+	// post sends the headers of body, declared size bytes long, then sent, or if it is nil
+	// only body's first 8 KiB, and waits for the answer (on a connection of its own).
+	post := func(path string, signer *hop.Auth, hash, blake3 bool, sent []byte, size int) int {
+		t.Helper()
+		h := http.Header{}
+		h.Set("Content-Type", contentType)
 		sum := hop.SumOf(body, blake3)
 		if signer != nil {
-			signer.SignHash(req.Header.Set, "POST", path, "n2", sum)
+			signer.SignHash(h.Set, "POST", path, "n2", sum)
 		}
 		if hash {
-			req.Header.Set(sum.Header(), sum.Hex())
+			h.Set(sum.Header(), sum.Hex())
 		} else {
-			req.Header.Del(sum.Header())
+			h.Del(sum.Header())
 		}
-		resp, err := http.DefaultClient.Do(req)
+		conn, err := net.Dial("tcp", strings.TrimPrefix(target.url, "http://"))
 		if err != nil {
-			return 0 // the node closed the connection mid-upload: refused too
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		conn.SetDeadline(time.Now().Add(10 * time.Second))
+		w := bufio.NewWriter(conn)
+		fmt.Fprintf(w, "POST %s HTTP/1.1\r\nHost: n2\r\nContent-Length: %d\r\n", path, size)
+		h.Write(w)
+		w.WriteString("\r\n")
+		if sent != nil {
+			w.Write(sent)
+		} else {
+			w.Write(body[:8<<10]) // fasthttp reads this much before it calls the handler
+		}
+		if err := w.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			t.Errorf("POST %s: %v (no answer before the body came)", path, err)
+			return 0
 		}
 		resp.Body.Close()
 		return resp.StatusCode
@@ -177,20 +202,35 @@ func TestKVBodyLimit(t *testing.T) {
 	forger := hop.NewAuth("n1", []byte("not the cluster secret at all!!!"), nil, time.Now, 30*time.Second)
 	// The fake engine refuses every frame (400): reaching it means the body was read.
 	for _, blake3 := range []bool{false, true} {
-		if status := post(hop.KVPath, peer, true, blake3); status != 400 {
+		if status := post(hop.KVPath, peer, true, blake3, body, len(body)); status != 400 {
 			t.Errorf("a signed 5 MiB frame (BLAKE3 %v): status %d, want it read (400 from the fake engine)", blake3, status)
 		}
 	}
-	for name, status := range map[string]int{
-		"forged":         post(hop.KVPath, forger, true, false),
-		"forged, BLAKE3": post(hop.KVPath, forger, true, true),
-		"without hash":   post(hop.ReplicaPath, peer, false, true),
-		"unsigned":       post(hop.KVPath, nil, true, false),
-		"API":            post("/v1/completions", nil, false, false),
+	// A frame whose body is not the one its signed hash declares is read, and refused.
+	tampered := bytes.Clone(body)
+	tampered[len(tampered)-1] ^= 1
+	if status := post(hop.KVPath, peer, true, true, tampered, len(body)); status != 401 {
+		t.Errorf("a signed frame's body changed: status %d, want 401", status)
+	}
+	for name, c := range map[string]struct {
+		status int
+		want   int
+	}{
+		"forged":                  {post(hop.KVPath, forger, true, false, nil, len(body)), 401},
+		"forged, BLAKE3":          {post(hop.KVPath, forger, true, true, nil, len(body)), 401},
+		"without hash":            {post(hop.ReplicaPath, peer, false, true, nil, len(body)), 401},
+		"unsigned":                {post(hop.KVPath, nil, true, false, nil, len(body)), 401},
+		"API":                     {post("/v1/completions", nil, false, false, nil, len(body)), 413},
+		"signed, over MaxKVBytes": {post(hop.KVPath, peer, true, true, nil, target.server.cfg.MaxKVBytes+1), 413},
 	} {
-		if status != 413 && status != 0 {
-			t.Errorf("%s, 5 MiB: status %d, want 413 before the body is read", name, status)
+		if c.status != c.want {
+			t.Errorf("%s, 5 MiB: status %d, want %d before the body is sent", name, c.status, c.want)
 		}
+	}
+	// fasthttp reads a form whole before the handler, whatever its length, unless told not to.
+	contentType = "multipart/form-data; boundary=x"
+	if status := post("/v1/completions", nil, false, false, nil, 64<<20); status != 413 {
+		t.Errorf("a 64 MiB form: status %d, want 413 before the body is sent", status)
 	}
 }
 

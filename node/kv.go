@@ -7,6 +7,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/infernode/infernode/internal/keep"
 	"github.com/infernode/infernode/node/hop"
 	"github.com/infernode/infernode/node/kvmove"
 	"github.com/infernode/infernode/session/infer"
@@ -16,9 +17,21 @@ import (
 
 // handleKV takes a conversation's KV frame pushed by a peer (POST hop.KVPath or
 // hop.ReplicaPath).
+//
+// The frame is read only once its signature over the hash its headers declare checks out,
+// into a buffer kept between imports, and hashed as it arrives; then the hash it has is
+// checked against the signature. Hop headers alone prove nothing: anyone can send them.
 func (s *Server) handleKV(ctx *fasthttp.RequestCtx, replica bool) {
-	if err := s.cluster.Hop().Authenticate(inbound(ctx)); err != nil {
+	auth := s.cluster.Hop()
+	in := hop.Inbound{Method: string(ctx.Method()), Path: string(ctx.Path()),
+		Header: func(name string) string { return string(ctx.Request.Header.Peek(name)) }}
+	if err := auth.Preverify(in.Method, in.Path, in.Header); err != nil {
 		writeError(ctx, err)
+		return
+	}
+	n := ctx.Request.Header.ContentLength()
+	if n < 0 || n > s.cfg.MaxKVBytes {
+		writeError(ctx, errBodyTooLarge) // a frame's length is always declared
 		return
 	}
 	select {
@@ -28,6 +41,18 @@ func (s *Server) handleKV(ctx *fasthttp.RequestCtx, replica bool) {
 		writeError(ctx, errKVBusy)
 		return
 	}
+	buf := s.kvBufs.Get()
+	defer s.kvBufs.Put(buf)
+	frame := keep.Sized(buf, n)
+	h := hop.HashFor(in.Header)
+	if err := hop.ReadHashing(ctx.RequestBodyStream(), frame, h); err != nil {
+		writeError(ctx, badRequest("", "cannot read the KV frame: %v", err))
+		return
+	}
+	if err := auth.AuthenticateSum(in, hop.SumFrom(h)); err != nil {
+		writeError(ctx, err)
+		return
+	}
 	origin := infer.Pushed
 	switch {
 	case replica:
@@ -35,7 +60,7 @@ func (s *Server) handleKV(ctx *fasthttp.RequestCtx, replica bool) {
 	case string(ctx.Request.Header.Peek(hop.HeaderKVWhy)) == hop.KVWhyLeaving:
 		origin = infer.HandOff
 	}
-	res, err := s.cluster.TakeKV(s.base, ctx.PostBody(), origin, string(ctx.Request.Header.Peek(hop.HeaderFrom)))
+	res, err := s.cluster.TakeKV(s.base, frame, origin, string(ctx.Request.Header.Peek(hop.HeaderFrom)))
 	if err != nil {
 		writeError(ctx, err)
 		return

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"runtime/debug"
@@ -18,6 +19,7 @@ import (
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttpadaptor"
 
+	"github.com/infernode/infernode/internal/keep"
 	"github.com/infernode/infernode/node/hop"
 	"github.com/infernode/infernode/node/quota"
 	"github.com/infernode/infernode/node/routing"
@@ -52,6 +54,7 @@ type Server struct {
 	routes    map[string]route
 	slots     chan struct{}           // one token per in-flight generation (MaxStreams)
 	kvImports chan struct{}           // one token per KV frame being installed (KVImports)
+	kvBufs    *keep.Buffers           // the frames being installed are read into, kept between imports
 	feeds     atomic.Int64            // event feeds open
 	keys      atomic.Pointer[keyring] // the key file's (see tenants.go)
 	ids       idMinter                // stored responses' ids (see ids.go)
@@ -122,22 +125,24 @@ func New(cfg Config, engine Engine, cluster Cluster) (*Server, error) {
 	s.promh = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}))
 	s.routes = s.routeTable()
 	s.kvImports = make(chan struct{}, cfg.KVImports)
+	s.kvBufs = keep.New(cfg.KVImports, cfg.MaxKVBytes)
 	s.http = &fasthttp.Server{
-		Handler:        s.handle,
-		ErrorHandler:   s.handleParseError,
-		HeaderReceived: s.bodyLimit,
-		Name:           "infernode",
-		Concurrency:    cfg.MaxConns,
-		// Up to here, a clean 413 from handle; past it fasthttp refuses as the headers
-		// arrive (a declared length) or as the body does, never holding more. Only a KV
-		// frame a peer signed gets more (see bodyLimit).
-		MaxRequestBodySize:   cfg.MaxBodyBytes + 64<<10,
-		ReadTimeout:          cfg.ReadTimeout,
-		WriteTimeout:         cfg.WriteTimeout, // per response; streams extend it per event
-		IdleTimeout:          cfg.IdleTimeout,
-		CloseOnShutdown:      true,
-		NoDefaultContentType: true,
-		Logger:               fasthttpLogger{s.log},
+		Handler:      s.handle,
+		ErrorHandler: s.handleParseError,
+		Name:         "infernode",
+		Concurrency:  cfg.MaxConns,
+		// Bodies come to the handler as streams: a KV frame is hashed as it arrives
+		// (handleKV), and every other body is read by handle, within MaxBodyBytes. No
+		// route takes a form: fasthttp would read a multipart one whole first, into
+		// files past 16 MiB, whatever its length.
+		StreamRequestBody:            true,
+		DisablePreParseMultipartForm: true,
+		ReadTimeout:                  cfg.ReadTimeout,
+		WriteTimeout:                 cfg.WriteTimeout, // per response; streams extend it per event
+		IdleTimeout:                  cfg.IdleTimeout,
+		CloseOnShutdown:              true,
+		NoDefaultContentType:         true,
+		Logger:                       fasthttpLogger{s.log},
 	}
 	return s, nil
 }
@@ -274,12 +279,14 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 		}
 		r, ok = route{method: method, auth: client, serve: func(ctx *fasthttp.RequestCtx) { s.handleResponse(ctx, id) }}, true
 	}
+	if !r.kv {
+		// Every route but a KV frame's keeps the API's bound, whether it exists or not.
+		if err := s.readBody(ctx); err != nil {
+			writeError(ctx, err)
+			return
+		}
+	}
 	switch {
-	case !r.kv && len(ctx.Request.Body()) > s.cfg.MaxBodyBytes:
-		// The server reads bodies past MaxBodyBytes (KV frames, and so that a client
-		// slightly over gets a clean 413 rather than a reset); every other route keeps
-		// the bound, whether it exists or not.
-		writeError(ctx, errBodyTooLarge)
 	case !ok:
 		writeError(ctx, errNotFound)
 	default:
@@ -287,21 +294,31 @@ func (s *Server) handle(ctx *fasthttp.RequestCtx) {
 	}
 }
 
-// bodyLimit decides a request's body limit as its headers arrive, before any of the body
-// is read (fasthttp allocates a declared length up front): an API request's, unless it is
-// a KV frame pushed by a peer whose signature over the body's declared hash checks out.
-// Hop headers alone prove nothing: anyone can send them.
-func (s *Server) bodyLimit(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
-	auth := s.cluster.Hop()
-	path, _, _ := strings.Cut(string(h.RequestURI()), "?")
-	if auth == nil || (path != hop.KVPath && path != hop.ReplicaPath) {
-		return fasthttp.RequestConfig{}
+// readBody reads a request's body, streamed by the server, into the request: at most
+// MaxBodyBytes. One declared longer than that and bodySlack is refused before any of it is
+// read; one up to bodySlack over is refused once past the bound, and the server drops
+// the rest, so that a client slightly over gets a clean 413 rather than a reset.
+func (s *Server) readBody(ctx *fasthttp.RequestCtx) error {
+	if !ctx.Request.IsBodyStream() {
+		return nil
 	}
-	if err := auth.Preverify(string(h.Method()), path, func(name string) string { return string(h.Peek(name)) }); err != nil {
-		return fasthttp.RequestConfig{}
+	if ctx.Request.Header.ContentLength() > s.cfg.MaxBodyBytes+bodySlack {
+		return errBodyTooLarge
 	}
-	return fasthttp.RequestConfig{MaxRequestBodySize: s.cfg.MaxKVBytes}
+	body, err := io.ReadAll(io.LimitReader(ctx.RequestBodyStream(), int64(s.cfg.MaxBodyBytes)+1))
+	switch {
+	case err != nil:
+		return badRequest("", "cannot read the request body: %v", err)
+	case len(body) > s.cfg.MaxBodyBytes:
+		return errBodyTooLarge
+	}
+	ctx.Request.SetBodyRaw(body)
+	return nil
 }
+
+// bodySlack is how far over MaxBodyBytes a body is read before it is refused; fasthttp
+// reads and drops up to 256 KiB a handler left unread, and closes the connection past it.
+const bodySlack = 64 << 10
 
 // route is how one path is served.
 type route struct {
@@ -381,14 +398,10 @@ func (s *Server) isClient(ctx *fasthttp.RequestCtx) bool {
 	return ok
 }
 
-// handleParseError answers requests fasthttp could not read (too large, malformed).
+// handleParseError answers requests fasthttp could not read (malformed headers; a body
+// is read by the handlers, see readBody).
 func (s *Server) handleParseError(ctx *fasthttp.RequestCtx, err error) {
-	var e *hop.Error
-	if errors.Is(err, fasthttp.ErrBodyTooLarge) {
-		e = writeError(ctx, errBodyTooLarge)
-	} else {
-		e = writeError(ctx, badRequest("", "cannot read the HTTP request: %v", err))
-	}
+	e := writeError(ctx, badRequest("", "cannot read the HTTP request: %v", err))
 	ctx.SetConnectionClose()
 	s.metrics.request("unreadable", e.Status)
 }

@@ -35,3 +35,14 @@ func (b *Buffers) Put(p *[]byte) {
 	default:
 	}
 }
+
+// Sized returns *p resliced to n bytes, and keeps it in *p. A shorter buffer is replaced
+// by one with a quarter to spare: a conversation's frame grows with every turn, and a
+// buffer grown to each new length would be fresh memory every time.
+func Sized(p *[]byte, n int) []byte {
+	if cap(*p) < n {
+		*p = make([]byte, n, n+n/4)
+	}
+	*p = (*p)[:n]
+	return *p
+}

@@ -22,3 +22,21 @@ func TestBuffers(t *testing.T) {
 		t.Error("a buffer larger than max was kept")
 	}
 }
+
+// TestSized: a buffer grown for a frame keeps a quarter to spare, so that the next turns'
+// frames, a little longer each, land in the same memory.
+func TestSized(t *testing.T) {
+	var p []byte
+	first := Sized(&p, 1000)
+	if len(first) != 1000 || cap(p) != 1250 {
+		t.Fatalf("len %d, cap %d: want 1000 and 1250", len(first), cap(p))
+	}
+	for n := 1020; n <= 1250; n += 20 {
+		if b := Sized(&p, n); len(b) != n || &b[0] != &first[0] {
+			t.Fatalf("%d bytes: new memory (or len %d), want the same buffer", n, len(b))
+		}
+	}
+	if b := Sized(&p, 1251); &b[0] == &first[0] || len(b) != 1251 {
+		t.Error("past its capacity: the same buffer")
+	}
+}

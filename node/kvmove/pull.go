@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"maps"
 	"net/http"
@@ -12,6 +13,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/infernode/infernode/internal/keep"
 	"github.com/infernode/infernode/node/hop"
 	"github.com/infernode/infernode/session/infer"
 )
@@ -131,7 +133,8 @@ func (m *Mover) pull(ctx context.Context, from Peer, key string, origin infer.Or
 	}
 	buf := m.pullBufs.Get()
 	defer m.pullBufs.Put(buf)
-	frame, err := readFrame(resp, buf)
+	h := hop.HashFor(resp.Header.Get)
+	frame, err := readFrame(resp, buf, h)
 	*buf = frame[:0]
 	switch {
 	case err != nil:
@@ -141,7 +144,7 @@ func (m *Mover) pull(ctx context.Context, from Peer, key string, origin infer.Or
 	}
 	// The frame is installed only if the node asked signed it, for this pull, and it is of
 	// the conversation asked for.
-	if err := m.hop.VerifyAnswer(resp.Header.Get, hop.PullPath, from.ID, nonce, frame); err != nil {
+	if err := m.hop.VerifyAnswerSum(resp.Header.Get, hop.PullPath, from.ID, nonce, hop.SumFrom(h)); err != nil {
 		return len(frame), fmt.Errorf("pull KV from %s: %w", from.ID, err)
 	}
 	res, err := m.local.Import(ctx, frame, origin, key)
@@ -153,17 +156,18 @@ func (m *Mover) pull(ctx context.Context, from Peer, key string, origin infer.Or
 	return len(frame), nil
 }
 
-// readFrame reads a pull's answer into buf: the size the answer declares (up to
-// maxPulled), else growing it as io.ReadAll does, up to one byte past maxPulled.
-func readFrame(resp *http.Response, buf *[]byte) ([]byte, error) {
+// readFrame reads a pull's answer into buf, writing it to h as it arrives: the size the
+// answer declares (up to maxPulled), else growing it as io.ReadAll does, up to one byte
+// past maxPulled.
+func readFrame(resp *http.Response, buf *[]byte, h hash.Hash) ([]byte, error) {
 	n, err := strconv.Atoi(resp.Header.Get(hop.HeaderFrameBytes))
 	if err != nil || n < 0 || n > maxPulled {
 		b := bytes.NewBuffer((*buf)[:0])
-		_, err := b.ReadFrom(io.LimitReader(resp.Body, maxPulled+1))
+		_, err := b.ReadFrom(io.TeeReader(io.LimitReader(resp.Body, maxPulled+1), h))
 		return b.Bytes(), err
 	}
-	frame := slices.Grow((*buf)[:0], n)[:n]
-	if _, err := io.ReadFull(resp.Body, frame); err != nil {
+	frame := keep.Sized(buf, n)
+	if err := hop.ReadHashing(resp.Body, frame, h); err != nil {
 		return frame[:0], err
 	}
 	return frame, nil

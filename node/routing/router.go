@@ -106,10 +106,11 @@ func New(cfg Config, g Membership, local Engine) (*Router, error) {
 			IdleConnTimeout:     10 * time.Second, // a burst's extra connections close soon after it
 		}
 		// KV frames go over connections of their own, one a transfer at most, kept open
-		// between transfers: a peer keeps a connection's body buffer between its requests
-		// (fasthttp), so a frame lands in memory the last one touched. In fresh memory, a
-		// 27 MB push took 300-600 ms on loopback instead of 60 (BenchmarkKVPush): the
-		// pages' first touch, not the copy. Closed before the peer's idle timeout.
+		// between transfers and closed before the peer's idle timeout. (They were kept
+		// first because fasthttp kept a connection's body buffer between its requests, and
+		// in fresh memory a 27 MB push took 300-600 ms on loopback instead of 60: the
+		// pages' first touch, not the copy. A node now reads frames into buffers of its
+		// own, kept whatever the connection: see node's handleKV.)
 		kvTransport = &http.Transport{
 			DialContext:         dial,
 			MaxIdleConnsPerHost: cfg.KV.Transfers,
