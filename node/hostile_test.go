@@ -234,6 +234,36 @@ func TestKVBodyLimit(t *testing.T) {
 	}
 }
 
+// TestKVSlowerThanReadTimeout: a signed KV frame that takes longer to arrive than the
+// read timeout allows a request, but comes faster than the slowest link a frame is sent
+// over, is read whole (before, the read timeout cut it off, and a frame over a slow link
+// could never arrive).
+func TestKVSlowerThanReadTimeout(t *testing.T) {
+	nodes := startFakeClusterWith(t, 2, testSecret, func(c *Config) { c.ReadTimeout = 300 * time.Millisecond })
+	body := make([]byte, 2<<20)
+	pr, pw := io.Pipe()
+	go func() { // 2 MiB in 900 ms: 2.3 MB/s, above minKVRate's 1.25
+		for off := 0; off < len(body); off += 256 << 10 {
+			time.Sleep(100 * time.Millisecond)
+			pw.Write(body[off : off+256<<10])
+		}
+		pw.Close()
+	}()
+	req, _ := http.NewRequest("POST", nodes[1].url+hop.KVPath, pr)
+	req.ContentLength = int64(len(body))
+	hop.NewAuth("n1", testSecret, nil, time.Now, 30*time.Second).SignHash(req.Header.Set, "POST", hop.KVPath, "n2", hop.SumOf(body, true))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	answer, _ := io.ReadAll(resp.Body)
+	// The fake engine refuses every frame it is given: reaching it means the frame was read.
+	if !strings.Contains(string(answer), infer.ErrFrame.Error()) {
+		t.Errorf("status %d, %s: want the fake engine's refusal (%v), the frame read whole", resp.StatusCode, answer, infer.ErrFrame)
+	}
+}
+
 // TestConnCapPerIP: with a cap, an address holding that many connections has its next one
 // answered 429 and closed, until one of its own closes; a cluster member is never capped.
 func TestConnCapPerIP(t *testing.T) {

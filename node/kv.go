@@ -7,7 +7,6 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/infernode/infernode/internal/keep"
 	"github.com/infernode/infernode/node/hop"
 	"github.com/infernode/infernode/node/kvmove"
 	"github.com/infernode/infernode/session/infer"
@@ -41,9 +40,12 @@ func (s *Server) handleKV(ctx *fasthttp.RequestCtx, replica bool) {
 		writeError(ctx, errKVBusy)
 		return
 	}
+	// A frame may take longer to arrive than ReadTimeout allows a request: as long as it
+	// takes at minKVRate, beyond it (as a pull's answer may take to send).
+	ctx.SetReadDeadline(time.Now().Add(s.cfg.ReadTimeout + time.Duration(float64(n)/minKVRate*float64(time.Second))))
 	buf := s.kvBufs.Get()
 	defer s.kvBufs.Put(buf)
-	frame := keep.Sized(buf, n)
+	frame := s.kvBufs.Sized(buf, n)
 	h := hop.HashFor(in.Header)
 	if err := hop.ReadHashing(ctx.RequestBodyStream(), frame, h); err != nil {
 		writeError(ctx, badRequest("", "cannot read the KV frame: %v", err))

@@ -269,7 +269,9 @@ func BenchmarkTenantPrefix(b *testing.B) {
 // whole conversation's KV to the other as its replica. The rate is the bytes over the
 // pushes' wall time (from the sender's hash of the frame to the peer's answer, the peer's
 // check and import included), from the nodes' counters; the first push, into memory
-// neither process has touched yet, is reported apart (cold-push-ms). On loopback with no
+// neither process has touched yet, is reported apart (cold-push-ms), and so are the
+// median push and its rate (push-p50-ms, p50-MB/s), which one slow push does not move as
+// it moves the mean. On loopback with no
 // cap (--kv-bandwidth 0), and in network namespaces with each link held to 1 Gbit/s by
 // tbf and --kv-bandwidth 1000 (root only). The model is INFERNODE_BENCH_MODEL when set
 // (make bench-model), else the test model.
@@ -328,7 +330,8 @@ func BenchmarkKVPush(b *testing.B) {
 				b.Fatalf("the first turn, served by %q, pushed no replica", first.node)
 			}
 			cold := counters(owner)
-			pushed := cold[0]
+			pushed, last := cold[0], cold
+			var each, eachTook []float64 // each push's bytes a second, and seconds
 			m = append(m, message{"assistant", first.text})
 			for b.Loop() {
 				m = append(m, message{"user", "go on"})
@@ -338,12 +341,17 @@ func BenchmarkKVPush(b *testing.B) {
 				}
 				m = append(m, message{"assistant", a.text})
 				// The replica goes after the answer's end: wait for it, so that the next
-				// turn neither overlaps the push nor supersedes it (every 5 ms: a scrape of the
-				// sender's metrics is compressed on its cores).
+				// turn neither overlaps the push nor supersedes it. Every 50 ms, one counter:
+				// a scrape is compressed on the sender's cores, and three every 5 ms slowed
+				// the push they waited for (push-p50-ms 47 and 67 against 42 and 49).
 				pushed++
-				if !poll.Within(10*time.Second, 5*time.Millisecond, func() bool { return counters(owner)[0] >= pushed }) {
+				if !poll.Within(10*time.Second, 50*time.Millisecond, func() bool { v, _ := c.Metric(owner, sent); return v >= pushed }) {
 					b.Fatalf("turn %d pushed no replica", len(m)/2)
 				}
+				now := counters(owner)
+				each = append(each, (now[1]-last[1])/(now[2]-last[2]))
+				eachTook = append(eachTook, now[2]-last[2])
+				last = now
 			}
 			end := counters(owner)
 			pushes, size, took := end[0]-cold[0], end[1]-cold[1], end[2]-cold[2]
@@ -371,6 +379,10 @@ func BenchmarkKVPush(b *testing.B) {
 			b.ReportMetric(cold[2]*1000, "cold-push-ms")
 			b.ReportMetric(frame/1e6, "frame-MB")
 			b.ReportMetric(took/pushes*1000, "push-ms")
+			slices.Sort(each)
+			slices.Sort(eachTook)
+			b.ReportMetric(eachTook[len(eachTook)/2]*1000, "push-p50-ms")
+			b.ReportMetric(each[len(each)/2]/1e6, "p50-MB/s")
 			b.ReportMetric(float64(floor.Microseconds())/1000, "floor-ms")
 			b.ReportMetric(float64(hash.Microseconds())/1000, "blake3-ms")
 			b.ReportMetric(float64(wire.Microseconds())/1000, "wire-ms")

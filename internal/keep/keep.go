@@ -36,12 +36,13 @@ func (b *Buffers) Put(p *[]byte) {
 	}
 }
 
-// Sized returns *p resliced to n bytes, and keeps it in *p. A shorter buffer is replaced
-// by one with a quarter to spare: a conversation's frame grows with every turn, and a
-// buffer grown to each new length would be fresh memory every time.
-func Sized(p *[]byte, n int) []byte {
+// Sized returns *p (a buffer got from b) resliced to n bytes, and keeps it in *p. A shorter
+// buffer is replaced by one of twice n, up to the largest kept: a conversation's frame
+// grows with every turn, and a buffer grown to each new length would be fresh memory
+// every time. (Its pages past the longest frame read into it are never touched.)
+func (b *Buffers) Sized(p *[]byte, n int) []byte {
 	if cap(*p) < n {
-		*p = make([]byte, n, n+n/4)
+		*p = make([]byte, n, max(n, min(2*n, b.max)))
 	}
 	*p = (*p)[:n]
 	return *p

@@ -23,20 +23,24 @@ func TestBuffers(t *testing.T) {
 	}
 }
 
-// TestSized: a buffer grown for a frame keeps a quarter to spare, so that the next turns'
-// frames, a little longer each, land in the same memory.
+// TestSized: a buffer grown for a frame is twice its length (up to the largest kept), so
+// that the next turns' frames, a little longer each, land in the same memory.
 func TestSized(t *testing.T) {
+	b := New(1, 3000)
 	var p []byte
-	first := Sized(&p, 1000)
-	if len(first) != 1000 || cap(p) != 1250 {
-		t.Fatalf("len %d, cap %d: want 1000 and 1250", len(first), cap(p))
+	first := b.Sized(&p, 1000)
+	if len(first) != 1000 || cap(p) != 2000 {
+		t.Fatalf("len %d, cap %d: want 1000 and 2000", len(first), cap(p))
 	}
-	for n := 1020; n <= 1250; n += 20 {
-		if b := Sized(&p, n); len(b) != n || &b[0] != &first[0] {
-			t.Fatalf("%d bytes: new memory (or len %d), want the same buffer", n, len(b))
+	for n := 1100; n <= 2000; n += 100 {
+		if got := b.Sized(&p, n); len(got) != n || &got[0] != &first[0] {
+			t.Fatalf("%d bytes: new memory (or len %d), want the same buffer", n, len(got))
 		}
 	}
-	if b := Sized(&p, 1251); &b[0] == &first[0] || len(b) != 1251 {
-		t.Error("past its capacity: the same buffer")
+	if got := b.Sized(&p, 2001); &got[0] == &first[0] || cap(got) != 3000 {
+		t.Errorf("past its capacity: the same buffer, or capacity %d (want the largest kept, 3000)", cap(got))
+	}
+	if got := b.Sized(&p, 4000); cap(got) != 4000 {
+		t.Errorf("past the largest kept: capacity %d, want 4000", cap(got))
 	}
 }

@@ -13,7 +13,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/infernode/infernode/internal/keep"
 	"github.com/infernode/infernode/node/hop"
 	"github.com/infernode/infernode/session/infer"
 )
@@ -134,7 +133,7 @@ func (m *Mover) pull(ctx context.Context, from Peer, key string, origin infer.Or
 	buf := m.pullBufs.Get()
 	defer m.pullBufs.Put(buf)
 	h := hop.HashFor(resp.Header.Get)
-	frame, err := readFrame(resp, buf, h)
+	frame, err := m.readFrame(resp, buf, h)
 	*buf = frame[:0]
 	switch {
 	case err != nil:
@@ -159,14 +158,14 @@ func (m *Mover) pull(ctx context.Context, from Peer, key string, origin infer.Or
 // readFrame reads a pull's answer into buf, writing it to h as it arrives: the size the
 // answer declares (up to maxPulled), else growing it as io.ReadAll does, up to one byte
 // past maxPulled.
-func readFrame(resp *http.Response, buf *[]byte, h hash.Hash) ([]byte, error) {
+func (m *Mover) readFrame(resp *http.Response, buf *[]byte, h hash.Hash) ([]byte, error) {
 	n, err := strconv.Atoi(resp.Header.Get(hop.HeaderFrameBytes))
 	if err != nil || n < 0 || n > maxPulled {
 		b := bytes.NewBuffer((*buf)[:0])
 		_, err := b.ReadFrom(io.TeeReader(io.LimitReader(resp.Body, maxPulled+1), h))
 		return b.Bytes(), err
 	}
-	frame := keep.Sized(buf, n)
+	frame := m.pullBufs.Sized(buf, n)
 	if err := hop.ReadHashing(resp.Body, frame, h); err != nil {
 		return frame[:0], err
 	}
