@@ -51,7 +51,8 @@ func HashFor(header func(string) string) hash.Hash { return NewHash(usesBLAKE3(h
 
 // ReadHashing reads len(dst) bytes of r into dst and writes them to h as they arrive, a
 // piece at a time, so that hashing a KV frame overlaps its arrival rather than following
-// it (a 30 MB frame's hash is about a quarter of its transfer on loopback).
+// it (over a link slower than the hash, the hash then adds next to nothing: see
+// docs/BENCHMARKS.md, "KV at line rate").
 func ReadHashing(r io.Reader, dst []byte, h hash.Hash) error {
 	const piece = 256 << 10 // hashed while it is still in the core's cache
 	for off := 0; off < len(dst); {
