@@ -115,7 +115,15 @@ func (s *Server) handleInternal(ctx *fasthttp.RequestCtx) {
 
 // inbound is a peer's request as routing authenticates it.
 func inbound(ctx *fasthttp.RequestCtx) hop.Inbound {
-	return hop.Inbound{Method: string(ctx.Method()), Path: string(ctx.Path()), Body: ctx.PostBody(),
+	in := inboundHeaders(ctx)
+	in.Body = ctx.PostBody()
+	return in
+}
+
+// inboundHeaders is inbound without the body, for a handler that reads it itself
+// (handleKV: a KV frame is read only once its headers check out).
+func inboundHeaders(ctx *fasthttp.RequestCtx) hop.Inbound {
+	return hop.Inbound{Method: string(ctx.Method()), Path: string(ctx.Path()),
 		Header: func(name string) string { return string(ctx.Request.Header.Peek(name)) }}
 }
 

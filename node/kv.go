@@ -22,8 +22,7 @@ import (
 // checked against the signature. Hop headers alone prove nothing: anyone can send them.
 func (s *Server) handleKV(ctx *fasthttp.RequestCtx, replica bool) {
 	auth := s.cluster.Hop()
-	in := hop.Inbound{Method: string(ctx.Method()), Path: string(ctx.Path()),
-		Header: func(name string) string { return string(ctx.Request.Header.Peek(name)) }}
+	in := inboundHeaders(ctx)
 	if err := auth.Preverify(in.Method, in.Path, in.Header); err != nil {
 		writeError(ctx, err)
 		return
