@@ -336,6 +336,17 @@ func (n *Node) WaitServing(ctx context.Context, timeout time.Duration) error {
 	return nil
 }
 
+// Pid is the node's process id (and its process group's: every node leads its own), 0
+// before it starts.
+func (n *Node) Pid() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.cmd == nil || n.cmd.Process == nil {
+		return 0
+	}
+	return n.cmd.Process.Pid
+}
+
 // Kill sends SIGKILL and waits for the process to exit.
 func (n *Node) Kill() {
 	n.signal(syscall.SIGKILL)

@@ -37,6 +37,7 @@ import (
 	"github.com/infernode/infernode/internal/measure"
 	"github.com/infernode/infernode/internal/poll"
 	"github.com/infernode/infernode/testbed"
+	"github.com/prometheus/procfs"
 )
 
 //go:embed nginx.conf.tmpl
@@ -113,6 +114,8 @@ type backends struct {
 	// node's id, an ollama server's address), upstream the address nginx knows it by.
 	kill   func() (served, upstream string)
 	revive func(context.Context) error
+	// groups are the backends' process groups (a backend's processes are its group's).
+	groups func() []int
 }
 
 func run(c config) (err error) {
@@ -146,7 +149,12 @@ func run(c config) (err error) {
 			cluster.Close()
 			return nil, nil, err
 		}
-		s := &setup{Name: name, Title: "infernode, nginx round robin", backends: &backends{}}
+		s := &setup{Name: name, Title: "infernode, nginx round robin", backends: &backends{groups: func() (g []int) {
+			for _, n := range cluster.Nodes {
+				g = append(g, n.Pid()) // each node leads its group
+			}
+			return g
+		}}}
 		for _, n := range cluster.Nodes {
 			s.Backends = append(s.Backends, n.HTTPAddr)
 		}
@@ -218,15 +226,27 @@ func run(c config) (err error) {
 		c.nodes, cal[0].PromptP50, ttft.Round(100*time.Microsecond), tpot.Round(100*time.Microsecond))
 
 	sweep := map[*setup][][]measure.OpenLevel{}
+	cpu := map[*setup][][]float64{}
 	for r := range c.rounds {
 		for _, s := range setups {
 			fmt.Fprintf(os.Stderr, "round %d: %s\n", r+1, s.Title)
+			before, err := groupCPU(s.backends.groups())
+			if err != nil {
+				return err
+			}
 			levels, err := measure.LoadgenOpen(c.loadgen, s.args(append([]string{"--rate", c.rates, "--duration", c.duration.String(),
 				"--seed", fmt.Sprint(r + 1)}, slo...)...)...)
 			if err != nil {
 				return fmt.Errorf("%s: %w", s.Title, err)
 			}
-			sweep[s] = append(sweep[s], levels)
+			after, err := groupCPU(s.backends.groups())
+			if err != nil {
+				return err
+			}
+			for i := range after {
+				after[i] -= before[i]
+			}
+			sweep[s], cpu[s] = append(sweep[s], levels), append(cpu[s], after)
 		}
 	}
 	kills := map[*setup]killResult{}
@@ -239,7 +259,28 @@ func run(c config) (err error) {
 			return fmt.Errorf("kill run of %s: %w", s.Title, err)
 		}
 	}
-	return report(os.Stdout, c, setups, sweep, kills)
+	return report(os.Stdout, c, setups, sweep, cpu, kills)
+}
+
+// groupCPU is the CPU time (user and system, in seconds) that the processes of each process
+// group in pgids have used so far: an ollama server's group holds its runner too. A process
+// that has exited no longer counts.
+func groupCPU(pgids []int) ([]float64, error) {
+	procs, err := procfs.AllProcs()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]float64, len(pgids))
+	for _, p := range procs {
+		st, err := p.Stat()
+		if err != nil {
+			continue // exited since it was listed
+		}
+		if i := slices.Index(pgids, st.PGRP); i >= 0 {
+			out[i] += st.CPUTime()
+		}
+	}
+	return out, nil
 }
 
 // args are loadgen's flags for s, then more.
@@ -305,6 +346,12 @@ func startOllama(ctx context.Context, c config, work string) (*ollamaServers, er
 	if out, err := create.CombinedOutput(); err != nil {
 		o.close()
 		return nil, fmt.Errorf("ollama create: %w: %s", err, out)
+	}
+	o.groups = func() (g []int) {
+		for _, cmd := range o.cmds {
+			g = append(g, cmd.Process.Pid) // taskset execs ollama, which leads its group
+		}
+		return g
 	}
 	i := c.nodes - 1
 	o.kill = func() (string, string) {
@@ -431,7 +478,7 @@ func sortKill(reqs []measure.Request, at time.Time, served, upstream string) kil
 	return k
 }
 
-func report(w0 io.Writer, c config, setups []*setup, sweep map[*setup][][]measure.OpenLevel, kills map[*setup]killResult) error {
+func report(w0 io.Writer, c config, setups []*setup, sweep map[*setup][][]measure.OpenLevel, work map[*setup][][]float64, kills map[*setup]killResult) error {
 	ms := func(v float64) string { return fmt.Sprintf("%.0f ms", v) }
 	w := tabwriter.NewWriter(w0, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(w, "setup\tround\trate\tachieved\tfailed\tTTFT p50\tTTFT p99\tfollow-up TTFT p50\tfollow-up TTFT p99\tfollow-ups cached\tTPOT p50\tITL p50\tlast token to end p50 / p99\tattained 1x / 2x / 4x\t")
@@ -501,6 +548,26 @@ func report(w0 io.Writer, c config, setups []*setup, sweep map[*setup][][]measur
 		}
 	}
 
+	fmt.Fprintf(w0, "\nCPU time the backends spent on each round's sweep (the same requests for every setup): what a request costs, and the busiest backend's share\n")
+	w = tabwriter.NewWriter(w0, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(w, "setup\tround\tanswered\tCPU\ta request\tover infernode's\tbusiest backend's share\t")
+	perRequest := func(s *setup, r int) float64 {
+		answered := 0
+		for _, l := range sweep[s][r] {
+			answered += l.Requests - l.Failed
+		}
+		return sum(work[s][r]) / float64(answered)
+	}
+	for _, s := range setups {
+		for r, cpu := range work[s] {
+			fmt.Fprintf(w, "%s\t%d\t%.0f\t%.1f s\t%.0f ms\t%s\t%.0f%%\t\n", s.Title, r+1, sum(cpu)/perRequest(s, r), sum(cpu), 1000*perRequest(s, r),
+				ratio(perRequest(s, r), perRequest(inf, r)), 100*slices.Max(cpu)/sum(cpu))
+		}
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+
 	if !c.kill {
 		return nil
 	}
@@ -518,4 +585,11 @@ func report(w0 io.Writer, c config, setups []*setup, sweep map[*setup][][]measur
 			len(k.moved), p50(k.moved), cached, p50(k.others))
 	}
 	return w.Flush()
+}
+
+func sum(v []float64) (t float64) {
+	for _, x := range v {
+		t += x
+	}
+	return t
 }

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"os/exec"
 	"slices"
+	"syscall"
 	"testing"
 	"time"
 
@@ -40,5 +42,31 @@ func TestSortKill(t *testing.T) {
 	}
 	if !slices.Equal(k.others, []time.Duration{30 * time.Millisecond}) {
 		t.Errorf("other follow-ups %v, want [30ms]", k.others)
+	}
+}
+
+// TestGroupCPU: a process group's CPU time counts its children (a shell's busy loop in a
+// subshell), and a group with no process counts none.
+func TestGroupCPU(t *testing.T) {
+	cmd := exec.Command("sh", "-c", "(while :; do :; done) & wait")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); cmd.Wait() }()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		cpu, err := groupCPU([]int{cmd.Process.Pid, 1 << 30})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cpu[1] != 0 {
+			t.Fatalf("a group with no process used %v s", cpu[1])
+		}
+		if cpu[0] >= 0.2 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the busy group used %v s in 10 s", cpu[0])
+		}
 	}
 }
