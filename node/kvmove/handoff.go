@@ -59,9 +59,10 @@ func (m *Mover) HandOff(ctx context.Context, leaving bool) (moved, failed int) {
 	return moved, failed
 }
 
-// maxAway bounds the conversations Away remembers: past it, they are forgotten (and handed
-// to their owners on the next ring change, as before placement).
-const maxAway = 1 << 16
+// maxRemembered bounds the conversations Away and Replicas remember: past it, they are
+// forgotten (a conversation served away is handed to its owner on the next ring change, as
+// before placement; one whose replicas are forgotten is not placed on them).
+const maxRemembered = 1 << 16
 
 // Away records that conversation key is served here though owner owns it on the ring: it
 // was placed here (a load-aware owner declined it). HandOff leaves it here while that
@@ -69,7 +70,7 @@ const maxAway = 1 << 16
 func (m *Mover) Away(key, owner string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if len(m.away) >= maxAway {
+	if len(m.away) >= maxRemembered {
 		clear(m.away)
 	}
 	m.away[key] = owner

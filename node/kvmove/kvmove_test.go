@@ -204,6 +204,14 @@ func TestPushes(t *testing.T) {
 	if got, want := b.frames(), []string{hop.ReplicaPath, hop.KVPath}; !slices.Equal(got, want) {
 		t.Errorf("b took %v, want %v", got, want)
 	}
+	// The peers that took a replica are remembered (placement moves turns to them); a
+	// push that is no replica leaves no such record.
+	if got := m.Replicas("k"); !slices.Equal(got, []string{"b", "c"}) {
+		t.Errorf("replicas of k: %v, want [b c]", got)
+	}
+	if got := m.Replicas("moved"); got != nil {
+		t.Errorf("replicas of a conversation pushed to its owner: %v, want none", got)
+	}
 	if got, want := c.frames(), []string{hop.ReplicaPath}; !slices.Equal(got, want) {
 		t.Errorf("c took %v, want %v", got, want)
 	}

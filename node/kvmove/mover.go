@@ -104,6 +104,9 @@ type Mover struct {
 	pulled map[string]time.Time // when each conversation was last asked for (see previousOwners)
 	handed map[string]bool      // conversations pushed to their heirs on this node's leave
 	away   map[string]string    // conversations served here though another node owned them: that owner (see Away)
+	// replicas are the peers that took this node's last replica of each conversation (see
+	// Replicas).
+	replicas map[string][]string
 	// perToken is the KV bytes a token of the last frame moved (see TransferTime).
 	perToken float64
 
@@ -131,6 +134,7 @@ func New(cfg Config, ring Ring, local Local, auth *hop.Auth, client *http.Client
 		rates:    map[string]float64{},
 		pulled:   map[string]time.Time{},
 		away:     map[string]string{},
+		replicas: map[string][]string{},
 		handed:   map[string]bool{},
 		transfers: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "infernode_kv_transfers_total", Help: "Conversation KV caches pushed to (sent) or taken from (received) peers, by outcome.",
@@ -229,7 +233,25 @@ func (m *Mover) PushFrame(ctx context.Context, key string, frame infer.Frame, wh
 		}
 		sent = append(sent, p.ID)
 	}
+	if why == Replica && len(sent) > 0 {
+		m.mu.Lock()
+		if len(m.replicas) >= maxRemembered {
+			clear(m.replicas)
+		}
+		m.replicas[key] = sent
+		m.mu.Unlock()
+	}
 	return sent, errors.Join(errs...)
+}
+
+// Replicas are the peers that took the last replica of conversation key this node pushed
+// (nil: none did, or it is forgotten). Each holds the conversation as it was after a turn
+// served here: its latest state unless a turn ran here since, and a prefix of it in any
+// case, unless that peer has evicted it since.
+func (m *Mover) Replicas(key string) []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.replicas[key]
 }
 
 func (m *Mover) pushTo(ctx context.Context, to Peer, frame infer.Frame, why Why) error {

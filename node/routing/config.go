@@ -95,11 +95,13 @@ type Config struct {
 	SharePrefixes bool
 	// Candidates is how many ring owners a request may try. Default 3.
 	Candidates int
-	// PlaceMargin is how many more requests (running and queued) than the least loaded
-	// other candidate an owner may have before it declines a conversation it holds no KV
-	// of as its own, which then goes to that candidate (see placement). 0 turns
-	// placement by load off: the owner serves every conversation it can. Default 0 (see
-	// docs/BENCHMARKS.md for what 2 does).
+	// PlaceMargin is how many more requests (running and queued) than another candidate an
+	// owner may have before it declines a turn for it: a conversation it holds no KV of,
+	// for the least loaded candidate; one it holds as its own, for a candidate that took
+	// its last replica; and how many more a node it placed a conversation on may have
+	// before it takes the conversation back (see Router.Place). 0 turns placement by load
+	// off: the owner serves every conversation it can. Default 0 (see docs/BENCHMARKS.md
+	// for what 2 does).
 	PlaceMargin int
 	// DefaultMaxTokens is the engine's token limit for requests that set none, needed to
 	// resume such a request elsewhere. Required.

@@ -372,14 +372,22 @@ type peer struct {
 	router *Router
 	engine *fakeEngine
 
-	mu   sync.Mutex
-	hops []string // each generation hop it took: the model it named, and the prompt to continue
+	mu       sync.Mutex
+	hops     []string // each generation hop it took: the model it named, and the prompt to continue
+	replicas int      // KV replicas pushed to it
 }
 
 // serveHop is the hop's receiving end as node serves it, on net/http.
 func (p *peer) serveHop(w http.ResponseWriter, req *http.Request) {
-	if req.URL.Path == "/readyz" {
+	switch req.URL.Path {
+	case "/readyz":
 		w.WriteHeader(http.StatusOK)
+		return
+	case hop.ReplicaPath: // taken, as a node's engine takes a replica (kvmove tests the frames)
+		io.Copy(io.Discard, req.Body)
+		p.mu.Lock()
+		p.replicas++
+		p.mu.Unlock()
 		return
 	}
 	s := p.engine.get()

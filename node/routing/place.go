@@ -23,6 +23,15 @@ import (
 // elsewhere leaves the conversation where it is (kvmove.Mover.Away). Nothing is refused
 // for placement: an owner whose choice is refused, or who has no other candidate, serves
 // the request after all (placeNext).
+//
+// With replicas on, a conversation is warm on more than one node: where its last turn ran,
+// and on the nodes that took that turn's replica. Its owner then moves its next turn to
+// whichever of those runs the margin fewer requests: it declines a conversation it owns to
+// a less loaded node that took its last replica, and takes back one it placed when it
+// holds that node's replica and that node is the busier by the margin. A conversation's
+// turns thus follow the load as well as its KV, and none of them is cold for it; a node
+// that took a replica and evicted it since serves the turn cold, as the owner would have
+// served a conversation it did not hold.
 
 // placeTTL is how long an owner remembers where it placed a conversation; maxPlaced bounds
 // the memory (past it, the oldest half is forgotten: a forgotten conversation's next
@@ -104,42 +113,58 @@ func (r *Router) placement(cands []candidate, req infer.Request) int {
 }
 
 // Place decides, on req's conversation's owner, whether it declines req, which lets it
-// decline above load (hop.Request.DeclineAbove), and names the node to serve it instead:
-// the node it placed the conversation on before, while that is a candidate still; else,
-// when this node holds none of the conversation's KV (not even a replica: a turn served
-// from one is warm) and runs and queues more than above, the least loaded other
-// candidate, remembered for the conversation's next turns. A conversation this node owns
-// the KV of is served here.
+// decline above load (hop.Request.DeclineAbove), and names the node to serve it instead,
+// remembered for the conversation's next turns. This node runs and queues more than above
+// in each case but the second:
+//   - it owns the conversation's KV, and a node that took its last replica runs the
+//     margin fewer requests: that node;
+//   - it placed the conversation on a node before, which is a candidate still: that
+//     node, unless this node holds a replica of the conversation and that node runs the
+//     margin more requests (then it is served here, and forgotten);
+//   - it holds none of the conversation's KV (a turn served from a replica is warm): the
+//     least loaded other candidate.
+//
+// Otherwise the request is served here.
 func (r *Router) Place(req infer.Request, above int) (to string, decline bool) {
 	key := req.SessionID
 	if above <= 0 {
 		return "", false
 	}
-	if r.local.Owns(key) {
-		r.placed.forget(key)
-		return "", false
-	}
-	now := r.clock.Now()
-	to = r.placed.get(key, now)
-	loaded := func() bool {
-		st := r.local.Stats()
-		return st.Running+st.Waiting > above && !r.local.Holds(key)
-	}
-	if to == "" && !loaded() {
-		return "", false
-	}
+	st := r.local.Stats()
+	here := st.Running + st.Waiting
 	cands := r.v.candidates("", key)
 	eligible := func(c candidate) bool {
 		return c.id != r.cfg.Self && !c.full && c.minor >= hop.MinorFor(req)
 	}
-	if to != "" {
-		if slices.ContainsFunc(cands, func(c candidate) bool { return c.id == to && eligible(c) }) {
+	now := r.clock.Now()
+	if r.local.Owns(key) {
+		r.placed.forget(key)
+		if here <= above {
+			return "", false
+		}
+		replicas := r.kv.Replicas(key)
+		i := slices.IndexFunc(cands, func(c candidate) bool {
+			return eligible(c) && !c.slow && slices.Contains(replicas, c.id) && here > c.load+r.cfg.PlaceMargin
+		})
+		if i < 0 {
+			return "", false
+		}
+		r.placed.put(key, cands[i].id, now)
+		return cands[i].id, true
+	}
+	if to = r.placed.get(key, now); to != "" {
+		i := slices.IndexFunc(cands, func(c candidate) bool { return c.id == to && eligible(c) })
+		switch {
+		case i >= 0 && r.local.Holds(key) && cands[i].load > here+r.cfg.PlaceMargin:
+			r.placed.forget(key)
+			return "", false
+		case i >= 0:
 			return to, true
 		}
 		r.placed.forget(key)
-		if !loaded() {
-			return "", false
-		}
+	}
+	if here <= above || r.local.Holds(key) {
+		return "", false
 	}
 	i := slices.IndexFunc(cands, func(c candidate) bool { return eligible(c) && !c.slow })
 	if i < 0 {

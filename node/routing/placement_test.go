@@ -1,8 +1,10 @@
 package routing
 
 import (
+	"io"
 	"testing"
 
+	"github.com/infernode/infernode/node/kvmove"
 	dto "github.com/prometheus/client_model/go"
 )
 
@@ -94,7 +96,9 @@ func TestDeclinedOwnerServesWhenOthersBusy(t *testing.T) {
 func (c *cluster) placing() {
 	c.entry.cfg.PlaceMargin = 2
 	for id, p := range c.peers {
-		r, err := New(testConfig(id, c.clock, c.net), c.members, p.engine)
+		cfg := testConfig(id, c.clock, c.net)
+		cfg.PlaceMargin = c.entry.cfg.PlaceMargin
+		r, err := New(cfg, c.members, p.engine)
 		if err != nil {
 			c.t.Fatal(err)
 		}
@@ -140,3 +144,60 @@ func TestPlacedTurnsFollow(t *testing.T) {
 		t.Errorf("the owner still places the conversation on %q", got)
 	}
 }
+
+// With replicas on, a conversation's turns follow the load among the nodes where it is
+// warm: its owner declines a turn of a conversation it owns to the node that took its last
+// replica when that node runs the margin fewer requests (and not before a replica went
+// there), and takes a placed conversation back when it holds a replica of it and the node
+// it placed it on runs the margin more.
+func TestPlacementAmongWarmNodes(t *testing.T) {
+	c := newCluster(t, "b", "c")
+	c.placing()
+	key := c.keyOwnedBy("b", "c")
+	b, cc := c.peers["b"], c.peers["c"]
+	turn := func(want string) {
+		t.Helper()
+		st, err := c.entry.Submit(t.Context(), greedy(key, "hello", 4))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, res := collect(st); res.Err != nil || servedBy(st) != want {
+			t.Fatalf("served by %q (err %v), want %s", servedBy(st), res.Err, want)
+		}
+	}
+	b.engine.set(script{running: 6, owns: true})
+	turn("b") // loaded, but c holds none of the conversation
+	if sent, err := b.router.kv.PushFrame(t.Context(), key, zeros(1000), kvmove.Replica); err != nil || len(sent) != 1 || sent[0] != "c" || cc.replicas != 1 {
+		t.Fatalf("replica sent to %v (%v), c took %d, want c", sent, err, cc.replicas)
+	}
+	b.engine.set(script{running: 2, owns: true})
+	turn("b") // c took its replica, but b runs no more than the margin over c's 0
+	b.engine.set(script{running: 6, owns: true})
+	turn("c")                       // placed on c, where it is warm
+	gossiped := func(running int) { // c's load, as the others know it
+		ms := []member{peerMember("b"), peerMember("c")}
+		ms[1].Meta.Running = running
+		c.members.set(ms...)
+		c.entry.v.Sync()
+		b.router.v.Sync()
+	}
+	b.engine.set(script{running: 1, holds: true}) // c pushed its turn's replica back to b
+	gossiped(3)
+	turn("c") // within the margin: the conversation stays on c
+	gossiped(4)
+	turn("b") // c is the busier by more than the margin: b, which holds the replica, takes it back
+	if got := b.router.placed.get(key, c.clock.Now()); got != "" {
+		t.Errorf("the owner still places the conversation on %q", got)
+	}
+}
+
+// zeros is a KV frame of n zero bytes.
+type zeros int
+
+func (f zeros) WriteTo(w io.Writer) (int64, error) {
+	n, err := w.Write(make([]byte, f))
+	return int64(n), err
+}
+func (f zeros) Len() int  { return int(f) }
+func (zeros) Tokens() int { return 10 }
+func (zeros) Release()    {}
