@@ -548,20 +548,22 @@ func report(w0 io.Writer, c config, setups []*setup, sweep map[*setup][][]measur
 		}
 	}
 
-	fmt.Fprintf(w0, "\nCPU time the backends spent on each round's sweep (the same requests for every setup): what a request costs, and the busiest backend's share\n")
+	fmt.Fprintf(w0, "\nCPU time the backends spent on each round's sweep (the same workload for every setup, though a failed turn ends its conversation): what a request sent costs, and the busiest backend's share\n")
 	w = tabwriter.NewWriter(w0, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(w, "setup\tround\tanswered\tCPU\ta request\tover infernode's\tbusiest backend's share\t")
-	perRequest := func(s *setup, r int) float64 {
-		answered := 0
+	fmt.Fprintln(w, "setup\tround\trequests\tfailed\tCPU\ta request\tover infernode's\tbusiest backend's share\t")
+	perRequest := func(s *setup, r int) (float64, int, int) {
+		sent, failed := 0, 0
 		for _, l := range sweep[s][r] {
-			answered += l.Requests - l.Failed
+			sent, failed = sent+l.Requests, failed+l.Failed
 		}
-		return sum(work[s][r]) / float64(answered)
+		return sum(work[s][r]) / float64(sent), sent, failed
 	}
 	for _, s := range setups {
 		for r, cpu := range work[s] {
-			fmt.Fprintf(w, "%s\t%d\t%.0f\t%.1f s\t%.0f ms\t%s\t%.0f%%\t\n", s.Title, r+1, sum(cpu)/perRequest(s, r), sum(cpu), 1000*perRequest(s, r),
-				ratio(perRequest(s, r), perRequest(inf, r)), 100*slices.Max(cpu)/sum(cpu))
+			per, sent, failed := perRequest(s, r)
+			base, _, _ := perRequest(inf, r)
+			fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%.1f s\t%.0f ms\t%s\t%.0f%%\t\n", s.Title, r+1, sent, failed, sum(cpu), 1000*per,
+				ratio(per, base), 100*slices.Max(cpu)/sum(cpu))
 		}
 	}
 	if err := w.Flush(); err != nil {
