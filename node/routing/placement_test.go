@@ -123,16 +123,7 @@ func TestPlacedTurnsFollow(t *testing.T) {
 	key := c.keyOwnedBy("b")
 	b := c.peers["b"]
 	b.engine.set(script{running: 6})
-	turn := func(want string) {
-		t.Helper()
-		st, err := c.entry.Submit(t.Context(), greedy(key, "hello", 4))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, res := collect(st); res.Err != nil || servedBy(st) != want {
-			t.Fatalf("served by %q (err %v), want %s", servedBy(st), res.Err, want)
-		}
-	}
+	turn := func(want string) { t.Helper(); c.turn(key, want) }
 	turn("c") // placed by b, which sees no other candidate
 	b.engine.set(script{})
 	turn("c") // the owner is idle now, but the conversation is c's
@@ -155,15 +146,13 @@ func TestPlacementAmongWarmNodes(t *testing.T) {
 	c.placing()
 	key := c.keyOwnedBy("b", "c")
 	b, cc := c.peers["b"], c.peers["c"]
-	turn := func(want string) {
-		t.Helper()
-		st, err := c.entry.Submit(t.Context(), greedy(key, "hello", 4))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, res := collect(st); res.Err != nil || servedBy(st) != want {
-			t.Fatalf("served by %q (err %v), want %s", servedBy(st), res.Err, want)
-		}
+	turn := func(want string) { t.Helper(); c.turn(key, want) }
+	gossiped := func(running int) { // c's load, as the others know it
+		ms := []member{peerMember("b"), peerMember("c")}
+		ms[1].Meta.Running = running
+		c.members.set(ms...)
+		c.entry.v.Sync()
+		b.router.v.Sync()
 	}
 	b.engine.set(script{running: 6, owns: true})
 	turn("b") // loaded, but c holds none of the conversation
@@ -173,15 +162,9 @@ func TestPlacementAmongWarmNodes(t *testing.T) {
 	b.engine.set(script{running: 2, owns: true})
 	turn("b") // c took its replica, but b runs no more than the margin over c's 0
 	b.engine.set(script{running: 6, owns: true})
-	turn("c")                       // placed on c, where it is warm
-	gossiped := func(running int) { // c's load, as the others know it
-		ms := []member{peerMember("b"), peerMember("c")}
-		ms[1].Meta.Running = running
-		c.members.set(ms...)
-		c.entry.v.Sync()
-		b.router.v.Sync()
-	}
-	b.engine.set(script{running: 1, holds: true}) // c pushed its turn's replica back to b
+	turn("c") // placed on c, where it is warm
+	// c pushed its turn's replica back to b.
+	b.engine.set(script{running: 1, holds: true})
 	gossiped(3)
 	turn("c") // within the margin: the conversation stays on c
 	gossiped(4)
@@ -201,3 +184,16 @@ func (f zeros) WriteTo(w io.Writer) (int64, error) {
 func (f zeros) Len() int  { return int(f) }
 func (zeros) Tokens() int { return 10 }
 func (zeros) Release()    {}
+
+// turn submits a turn of conversation key at the entry, and fails the test unless want
+// served it.
+func (c *cluster) turn(key, want string) {
+	c.t.Helper()
+	st, err := c.entry.Submit(c.t.Context(), greedy(key, "hello", 4))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	if _, res := collect(st); res.Err != nil || servedBy(st) != want {
+		c.t.Fatalf("served by %q (err %v), want %s", servedBy(st), res.Err, want)
+	}
+}
