@@ -23,7 +23,11 @@ func TestPrefillElsewhere(t *testing.T) {
 	ref := launch(t, Config{Model: model, Nodes: 1})
 	c := launch(t, Config{Model: model, Nodes: 1, Args: []string{"--role", "decode", "--replicas", "0"}})
 	decode := c.Nodes[0]
-	prefill, err := c.Add(t.Context(), "node2", "--role", "prefill")
+	// The prefill node hands no KV off on its ring's changes: once its ring settled after
+	// the join, it would push the prompts it prefilled to their owner, where the decode
+	// node has them already, and a push landing between the pull and the turn relabels the
+	// turn's cache as pushed (seen once in a clean run of make test).
+	prefill, err := c.Add(t.Context(), "node2", "--role", "prefill", "--kv-settle", "1h")
 	if err != nil {
 		t.Fatal(err)
 	}
