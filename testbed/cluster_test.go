@@ -96,6 +96,7 @@ type answer struct {
 	prompt int    // prompt tokens
 	cached int    // of them, reused from the KV cache
 	source string // how the cached tokens came to the node (X-Infernode-KV-Source; empty: they did not move)
+	hops   string // forwards behind the answer (X-Infernode-Hops)
 	text   string
 	body   []byte // the whole response
 }
@@ -150,6 +151,7 @@ func chatVia(t testing.TB, c *http.Client, url string, req map[string]any) answe
 	a.prompt, _ = strconv.Atoi(resp.Header.Get("X-Infernode-Prompt-Tokens"))
 	a.cached, _ = strconv.Atoi(resp.Header.Get("X-Infernode-Cached-Tokens"))
 	a.source = resp.Header.Get("X-Infernode-KV-Source")
+	a.hops = resp.Header.Get("X-Infernode-Hops")
 	if len(out.Choices) > 0 {
 		a.text = out.Choices[0].Message.Content
 	}

@@ -27,7 +27,7 @@ func TestLeaveHandsOffKV(t *testing.T) {
 	if _, err := c.WaitRings(t.Context(), c.IDs(entry, other), 5*time.Second, victim); err != nil {
 		t.Fatal(err)
 	}
-	checkMoved(t, other, victim, convs, "the leave", "handoff")
+	checkMoved(t, c, other, victim, convs, "the leave", "handoff")
 }
 
 // TestLeaveWarmWhileDraining: a leaving owner is off every ring at once but drains for as
@@ -57,7 +57,7 @@ func TestLeaveWarmWhileDraining(t *testing.T) {
 	if _, err := c.WaitRings(t.Context(), c.IDs(entry, other), 5*time.Second, victim); err != nil {
 		t.Fatal(err)
 	}
-	checkMoved(t, entry, victim, convs, "the leave began", "handoff", "pull")
+	checkMoved(t, c, entry, victim, convs, "the leave began", "handoff", "pull")
 	select {
 	case err := <-stream:
 		t.Fatalf("the drain ended (the stream: %v) before the moved turns: the test needs a longer stream", err)
@@ -197,7 +197,7 @@ func TestCrashFailoverKV(t *testing.T) {
 	if _, err := c.WaitRings(t.Context(), c.IDs(entry, other), 10*time.Second, victim); err != nil {
 		t.Fatal(err)
 	}
-	checkMoved(t, other, victim, convs, "the crash", "replica")
+	checkMoved(t, c, other, victim, convs, "the crash", "replica")
 
 	t.Logf("the survivors took %v replicas before the crash", replicas)
 }
@@ -232,13 +232,15 @@ func ownedConversations(t *testing.T, entry, owner *Node, n int) []movedConv {
 // checkMoved sends each conversation's second turn again, entering on entry, after its
 // owner old is gone: it must run elsewhere, from the cache that came there as one of sources says
 // (handoff, replica), and say what old said.
-func checkMoved(t *testing.T, entry, old *Node, convs []movedConv, after string, sources ...string) {
+func checkMoved(t *testing.T, c *Cluster, entry, old *Node, convs []movedConv, after string, sources ...string) {
 	t.Helper()
 	for i, cv := range convs {
 		got := chat(t, entry.URL(), cv.msgs, 60)
 		switch {
 		case got.status != 200 || got.node == old.ID:
-			t.Errorf("conversation %d after %s: status %d, served by %q", i, after, got.status, got.node)
+			ring, err := c.Ring(entry)
+			t.Errorf("conversation %d after %s: status %d, served by %q (%s hops, %d of %d cached, source %q); %s's ring now %v (err %v)",
+				i, after, got.status, got.node, got.hops, got.cached, got.prompt, got.source, entry.ID, ring, err)
 		case got.cached == 0:
 			t.Errorf("conversation %d resumed cold on %s: 0 of %d prompt tokens cached", i, got.node, got.prompt)
 		case !slices.Contains(sources, got.source):
