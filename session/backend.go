@@ -109,7 +109,7 @@ func loadLlama(cfg Config) (*llamaBackend, error) {
 	}
 	ctx, err := llama.NewContext(model, llama.ContextParams{
 		Cells: cfg.Cells, Sequences: cfg.Sequences, Batch: cfg.BatchSize, Threads: cfg.Threads,
-		Unified: cfg.UnifiedKV, KVType: cfg.KVType, FlashAttn: true, // also skips masked cells: other sequences in a unified pool cost nothing
+		Unified: cfg.UnifiedKV, KVType: cfg.KVType, FlashAttn: cfg.FlashAttn,
 	})
 	if err != nil {
 		model.Close()

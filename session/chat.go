@@ -116,10 +116,12 @@ func (e *Engine) controls(toks []int32) int {
 	return n
 }
 
-// Fingerprint identifies a model file and the engine settings that shape its KV cache:
-// nodes serve one conversation interchangeably only when their fingerprints match. It
-// hashes the whole file (xxhash: about a second for a few GB).
-func Fingerprint(path, kvType string) (string, error) {
+// Fingerprint identifies a model file and the engine settings that shape its KV cache
+// (cfg's KV type and whether it uses flash attention): nodes serve one conversation
+// interchangeably only when their fingerprints match. It hashes the whole file (xxhash:
+// about a second for a few GB).
+func Fingerprint(cfg Config) (string, error) {
+	path := cfg.ModelPath
 	f, err := os.Open(path)
 	if err != nil {
 		return "", fmt.Errorf("fingerprint: %w", err)
@@ -129,6 +131,9 @@ func Fingerprint(path, kvType string) (string, error) {
 	if _, err := io.Copy(h, f); err != nil {
 		return "", fmt.Errorf("fingerprint %s: %w", path, err)
 	}
-	h.WriteString("\x00kv=" + kvType)
+	h.WriteString("\x00kv=" + cfg.KVType)
+	if !cfg.FlashAttn {
+		h.WriteString("\x00v-transposed") // with it, the fingerprint is what it was before the setting
+	}
 	return strconv.FormatUint(h.Sum64(), 16), nil
 }

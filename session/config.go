@@ -42,6 +42,14 @@ type Config struct {
 	UnifiedKV bool
 	// KVType is the KV cache element type: f16, q8_0 or q4_0. Default f16.
 	KVType string
+	// FlashAttn computes attention with llama.cpp's flash attention kernel, on CPU a loop
+	// over the cached cells for each new token and head that skips other sequences'
+	// cells. Off, attention is matrix products over every cell in the pool's used range
+	// and a softmax: it prefills many tokens over a long history faster, but costs more
+	// with other conversations' cells resident (docs/BENCHMARKS.md, "Attention on long
+	// histories"). A quantized KV cache needs it. It shapes the KV cache (without it
+	// llama.cpp stores V transposed), so it is in the fingerprint. Default true.
+	FlashAttn bool
 	// SeqContext is the most tokens (prompt and answer) one conversation may hold. 0 means
 	// the model's trained context: a model is not trained for positions beyond it, and
 	// answers there degrade. Asking for more is the operator's choice. Either way it is
@@ -97,6 +105,7 @@ func DefaultConfig() Config {
 		UnifiedKV:        true,
 		HostKV:           true,
 		KVType:           "f16",
+		FlashAttn:        true,
 		DefaultMaxTokens: 1024,
 		MaxQueue:         64,
 		QueueTimeout:     30 * time.Second,
@@ -115,6 +124,7 @@ func (c Config) Validate() error {
 		"KV cells %d leave fewer than 16 per sequence without a unified pool", c.Cells)
 	check(c.Threads >= 1, "threads must be at least 1, got %d", c.Threads)
 	check(c.KVType == "f16" || c.KVType == "q8_0" || c.KVType == "q4_0", "KV type must be f16, q8_0 or q4_0, got %q", c.KVType)
+	check(c.FlashAttn || c.KVType == "f16", "a %s KV cache needs flash attention", c.KVType)
 	check(c.DefaultMaxTokens >= 1, "default max tokens must be at least 1, got %d", c.DefaultMaxTokens)
 	check(c.MaxPromptTokens >= 0, "max prompt tokens must not be negative, got %d", c.MaxPromptTokens)
 	check(c.SeqContext >= 0, "context per conversation must not be negative, got %d", c.SeqContext)

@@ -128,7 +128,7 @@ func New(cfg Config) (*Engine, error) {
 	log = log.With("component", "session")
 	if cfg.Fingerprint == "" {
 		var err error
-		if cfg.Fingerprint, err = Fingerprint(cfg.ModelPath, cfg.KVType); err != nil {
+		if cfg.Fingerprint, err = Fingerprint(cfg); err != nil {
 			return nil, err
 		}
 	}
@@ -176,7 +176,7 @@ func newEngine(cfg Config, b Backend, log *slog.Logger) *Engine {
 	}
 	e.publishStats(&infer.Stats{})
 	log.Info("engine created", "cells", e.cells, "seq_cells", e.seqCells, "sequences", cfg.Sequences,
-		"batch", cfg.BatchSize, "threads", cfg.Threads, "unified_kv", cfg.UnifiedKV, "seed", seed)
+		"batch", cfg.BatchSize, "threads", cfg.Threads, "unified_kv", cfg.UnifiedKV, "flash_attn", cfg.FlashAttn, "seed", seed)
 	return e
 }
 

@@ -803,10 +803,17 @@ func TestPreemptionMatchesAlone(t *testing.T) {
 
 // TestHostKVMatchesUninterrupted: a conversation whose cells went to host memory while
 // another stream decoded (Config.HostKV) continues, from cells put back, exactly as an
-// uninterrupted run of the real pretrained model does, llama2.c's reference first.
+// uninterrupted run of the real pretrained model does, llama2.c's reference first; with
+// flash attention and without it (V stored transposed, in the cells and the state moved).
 func TestHostKVMatchesUninterrupted(t *testing.T) {
+	for _, flash := range []bool{true, false} {
+		t.Run(fmt.Sprintf("flash=%v", flash), func(t *testing.T) { testHostKV(t, flash) })
+	}
+}
+
+func testHostKV(t *testing.T, flash bool) {
 	path := testenv.SharedModel(t, "stories260K.gguf")
-	e := startEngine(t, func(c *Config) { c.ModelPath = path })
+	e := startEngine(t, func(c *Config) { c.ModelPath, c.FlashAttn = path, flash })
 	const prompt = "Once upon a time"
 	first, _ := generate(t, e, greedy("k", prompt, 60))
 	if first != testenv.Stories260KOnceUponATime {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/infernode/infernode/internal/testenv"
 	"github.com/infernode/infernode/session/infer"
+	"github.com/infernode/infernode/session/llama"
 )
 
 // A conversation exported from one engine and imported into another continues there
@@ -111,5 +112,39 @@ func TestKVImportRefusals(t *testing.T) {
 	}
 	if _, err := src.Export(t.Context(), "nobody", &frame); !errors.Is(err, infer.ErrNotCached) {
 		t.Errorf("Export of an unknown conversation = %v, want infer.ErrNotCached", err)
+	}
+}
+
+// TestBackendFlashAttn: the engine's context computes attention as Config.FlashAttn says
+// (a state of its cells goes into a llama.cpp context of the same setting, which with the
+// other V layout it would not: TestFlashAttnLayout).
+func TestBackendFlashAttn(t *testing.T) {
+	for _, flash := range []bool{true, false} {
+		cfg := DefaultConfig()
+		cfg.ModelPath, cfg.Cells, cfg.Sequences, cfg.BatchSize, cfg.Threads, cfg.FlashAttn = testenv.Model(t), 256, 1, 64, 1, flash
+		b, err := loadLlama(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.Close()
+		b.batch.Clear()
+		for i := range 16 {
+			b.batch.Add(int32(i+1), i, 0, i == 15)
+		}
+		if err := b.ctx.Decode(b.batch); err != nil {
+			t.Fatal(err)
+		}
+		state, err := b.ctx.SeqState(0, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := llama.NewContext(b.model, llama.ContextParams{Cells: 256, Sequences: 1, Batch: 64, Threads: 1, Unified: true, FlashAttn: flash})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if err := c.SetSeqState(0, state); err != nil {
+			t.Errorf("FlashAttn %v: the engine's state does not go into a llama.cpp context with flash attention %v: %v", flash, flash, err)
+		}
 	}
 }

@@ -1,10 +1,15 @@
 package session
 
 import (
+	"os"
+	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"github.com/cespare/xxhash/v2"
 )
 
 func TestTextFilter(t *testing.T) {
@@ -94,12 +99,50 @@ func TestConfigValidate(t *testing.T) {
 	if err := c.Validate(); err != nil {
 		t.Fatalf("default config: %v", err)
 	}
+	c.FlashAttn = false
+	if err := c.Validate(); err != nil {
+		t.Fatalf("an f16 cache without flash attention: %v", err)
+	}
+	c.KVType = "q8_0"
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "needs flash attention") {
+		t.Errorf("a q8_0 cache without flash attention: %v, want refused", err)
+	}
 	c = Config{}
 	err := c.Validate()
 	for _, want := range []string{"model path", "sequences", "KV cells", "threads", "KV type", "default max tokens", "queue timeout"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Validate(zero config) = %v, want it to mention %q", err, want)
 		}
+	}
+}
+
+// TestFingerprintKVLayout: the fingerprint tells apart what shapes the KV cache (its type,
+// and flash attention, without which V is stored transposed), and with the defaults it is
+// what it was before flash attention was a setting (nodes of earlier versions share the
+// ring during a rolling upgrade).
+func TestFingerprintKVLayout(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "m.gguf")
+	if err := os.WriteFile(path, []byte("weights"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c := DefaultConfig()
+	c.ModelPath = path
+	fp := func(c Config) string {
+		s, err := Fingerprint(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	h := xxhash.New()
+	h.WriteString("weights\x00kv=f16")
+	if got, before := fp(c), strconv.FormatUint(h.Sum64(), 16); got != before {
+		t.Errorf("default fingerprint %s, want %s as before the setting", got, before)
+	}
+	noFlash, q8 := c, c
+	noFlash.FlashAttn, q8.KVType = false, "q8_0"
+	if fp(noFlash) == fp(c) || fp(q8) == fp(c) || fp(noFlash) == fp(q8) {
+		t.Errorf("fingerprints %s (default), %s (no flash attention), %s (q8_0): want all different", fp(c), fp(noFlash), fp(q8))
 	}
 }
 

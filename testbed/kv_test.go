@@ -14,8 +14,14 @@ import (
 // TestLeaveHandsOffKV: an owner sent SIGTERM pushes the conversations it holds to their
 // next owners before it exits, so their next turn, entering anywhere, starts from cache
 // and says what the old owner said.
-func TestLeaveHandsOffKV(t *testing.T) {
-	c := startCluster(t, 3)
+func TestLeaveHandsOffKV(t *testing.T) { testLeave(t) }
+
+// TestLeaveHandsOffKVWithoutFlash: the same on nodes that compute attention without flash
+// attention (--flash-attn=false), whose KV states hold V transposed.
+func TestLeaveHandsOffKVWithoutFlash(t *testing.T) { testLeave(t, "--flash-attn=false") }
+
+func testLeave(t *testing.T, args ...string) {
+	c := startCluster(t, 3, args...)
 	entry, victim, other := c.Nodes[0], c.Nodes[1], c.Nodes[2]
 	convs := ownedConversations(t, entry, victim, 3)
 	if err := victim.signal(syscall.SIGTERM); err != nil {

@@ -144,3 +144,40 @@ func TestTwoModels(t *testing.T) {
 		t.Errorf("a model no node serves: %d %q, want 404 naming both models", status, text)
 	}
 }
+
+// TestReferenceWithoutFlash: nodes computing attention without flash attention
+// (--flash-attn=false) answer llama2.c's reference continuation through either entry,
+// share a ring, and gossip a fingerprint other than a default node's (their KV layouts
+// differ: V transposed).
+func TestReferenceWithoutFlash(t *testing.T) {
+	stories := testenv.SharedModel(t, "stories260K.gguf")
+	c := launch(t, Config{Model: stories, Nodes: 2, Args: []string{"--flash-attn=false"}})
+	if _, err := c.WaitRings(t.Context(), c.IDs(), 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range c.Nodes {
+		status, text, by := complete(t, n.URL(), "stories260K", "Once upon a time", 60)
+		if status != 200 || text != testenv.Stories260KOnceUponATime {
+			t.Errorf("through %s (served by %s): %d %q, want llama2.c's reference %q", n.ID, by, status, text, testenv.Stories260KOnceUponATime)
+		}
+	}
+	flash, err := c.Add(t.Context(), "flash", "--flash-attn=true")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !poll.Within(30*time.Second, 50*time.Millisecond, func() bool {
+		v, err := c.View(flash)
+		return err == nil && len(v.Members) == 3
+	}) {
+		t.Fatal("the default node did not see the other two within 30s")
+	}
+	v, err := c.View(flash)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range v.Members[1:] {
+		if m.Fingerprint == v.Members[0].Fingerprint {
+			t.Errorf("%s (no flash attention) gossips the default node's fingerprint %s", m.ID, m.Fingerprint)
+		}
+	}
+}

@@ -136,6 +136,7 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.BoolVar(&ec.HostKV, "kv-host", ec.HostKV, "move idle conversations' KV cells out of the unified pool into host memory until their next turn")
 	fs.IntVar(&ec.HostCells, "kv-host-cells", ec.HostCells, "the most tokens of KV --kv-host keeps in host memory (0: as many as --ctx)")
 	fs.StringVar(&ec.KVType, "kv-type", ec.KVType, "KV cache type: f16, q8_0 or q4_0")
+	fs.BoolVar(&ec.FlashAttn, "flash-attn", ec.FlashAttn, "attention by llama.cpp's flash attention kernel (false: matrix products, faster prefill over long histories with few other conversations in the pool; f16 KV only)")
 	fs.BoolVar(&ec.MMap, "mmap", ec.MMap, "map the model file rather than read its weights into memory: starts sooner and shares pages with other processes mapping it, but a file's tensors may lie off the cache lines and decode slower")
 	fs.IntVar(&ec.MaxQueue, "max-queue", ec.MaxQueue, "requests that may wait for a sequence")
 	fs.DurationVar(&ec.QueueTimeout, "queue-timeout", ec.QueueTimeout, "longest wait for a sequence before 503")
@@ -376,7 +377,7 @@ func parseBytes(s string) (int, error) {
 
 // newCluster builds this node's gossip membership and router.
 func newCluster(opts options, ln net.Listener, local *session.Handle, log *slog.Logger) (*routing.Router, *gossip.Gossip, error) {
-	fp, err := session.Fingerprint(opts.engine.ModelPath, opts.engine.KVType)
+	fp, err := session.Fingerprint(opts.engine)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -237,3 +237,71 @@ func BenchmarkSeqState(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkRawHistory is llama.cpp alone on the work of a multi-turn load: conversations
+// with histories of 768 tokens each in the cache, then a follow-up turn of one of them
+// (160 new tokens prefilled: followup-ms) and a step of every one decoding a token
+// (step-ms). The pool is unified with 1, 3 or 8 histories resident (infernode moves idle
+// ones to host memory), or partitioned with 8 (ollama's layout); flash attention on or
+// off. INFERNODE_BENCH_MODEL, 1 thread (as each backend of the cluster comparison has).
+func BenchmarkRawHistory(b *testing.B) {
+	m := benchModel(b)
+	words, _ := m.Tokenize(strings.Repeat(" river stone bridge garden", 1024), false, false)
+	const hist, turn = 768, 160
+	for _, layout := range []struct {
+		unified  bool
+		resident int
+	}{{true, 1}, {true, 3}, {true, 8}, {false, 8}} {
+		for _, flash := range []bool{true, false} {
+			b.Run(fmt.Sprintf("unified=%v/resident=%d/flash=%v", layout.unified, layout.resident, flash), func(b *testing.B) {
+				c, err := NewContext(m, ContextParams{Cells: 8192, Sequences: 8, Batch: 512, Threads: 1, Unified: layout.unified, FlashAttn: flash})
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer c.Close()
+				batch := NewBatch(512)
+				defer batch.Free()
+				var followUp, step time.Duration
+				for b.Loop() {
+					c.Clear()
+					for s := range layout.resident {
+						for from := 0; from < hist; from += 512 {
+							batch.Clear()
+							for i := from; i < min(from+512, hist); i++ {
+								batch.Add(words[(i+s)%len(words)], i, s, false)
+							}
+							if err := c.Decode(batch); err != nil {
+								b.Fatal(err)
+							}
+						}
+					}
+					batch.Clear()
+					for i := range turn {
+						batch.Add(words[i], hist+i, 0, i == turn-1)
+					}
+					start := time.Now()
+					if err := c.Decode(batch); err != nil {
+						b.Fatal(err)
+					}
+					followUp += time.Since(start)
+					batch.Clear()
+					for s := range layout.resident {
+						p := hist
+						if s == 0 {
+							p += turn
+						}
+						batch.Add(words[s], p, s, true)
+					}
+					start = time.Now()
+					if err := c.Decode(batch); err != nil {
+						b.Fatal(err)
+					}
+					step += time.Since(start)
+				}
+				b.ReportMetric(followUp.Seconds()*1000/float64(b.N), "followup-ms")
+				b.ReportMetric(step.Seconds()*1000/float64(b.N), "step-ms")
+				b.ReportMetric(0, "ns/op")
+			})
+		}
+	}
+}

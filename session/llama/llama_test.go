@@ -123,6 +123,43 @@ func TestContextLayout(t *testing.T) {
 	}
 }
 
+// TestFlashAttnLayout guards ContextParams.FlashAttn: without flash attention llama.cpp
+// stores V transposed, so a sequence's state goes into a context of the same setting and
+// is refused by one of the other.
+func TestFlashAttnLayout(t *testing.T) {
+	m := testModel(t)
+	ctx := func(flash bool) *Context {
+		c, err := NewContext(m, ContextParams{Cells: 256, Sequences: 1, Batch: 64, Threads: 1, Unified: true, FlashAttn: flash})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(c.Close)
+		return c
+	}
+	b := NewBatch(64)
+	defer b.Free()
+	for _, flash := range []bool{true, false} {
+		from := ctx(flash)
+		b.Clear()
+		for i := range 16 {
+			b.Add(int32(i+1), i, 0, i == 15)
+		}
+		if err := from.Decode(b); err != nil {
+			t.Fatal(err)
+		}
+		state, err := from.SeqState(0, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ctx(flash).SetSeqState(0, state); err != nil {
+			t.Errorf("flash=%v: a state into a context of the same setting: %v", flash, err)
+		}
+		if err := ctx(!flash).SetSeqState(0, state); err == nil {
+			t.Errorf("flash=%v: a state went into a context with flash=%v (the V layouts differ)", flash, !flash)
+		}
+	}
+}
+
 // Decode's answer comes back from the decoding thread: a full cache is ErrNoKVSlot, and
 // the thread decodes again once there is room.
 func TestDecodeNoSlot(t *testing.T) {
