@@ -548,22 +548,22 @@ func report(w0 io.Writer, c config, setups []*setup, sweep map[*setup][][]measur
 		}
 	}
 
-	fmt.Fprintf(w0, "\nCPU time the backends spent on each round's sweep (the same workload for every setup, though a failed turn ends its conversation): what a request sent costs, and the busiest backend's share\n")
+	fmt.Fprintf(w0, "\nCPU time the backends spent on each round's sweep: what a request sent costs, and what 1,000 tokens answered cost (prompt and completion tokens of the requests that did not fail: a failed turn ends its conversation, so a setup that fails is sent fewer of the later, longer turns, and a request sent flatters it), and the busiest backend's share\n")
 	w = tabwriter.NewWriter(w0, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(w, "setup\tround\trequests\tfailed\tCPU\ta request\tover infernode's\tbusiest backend's share\t")
-	perRequest := func(s *setup, r int) (float64, int, int) {
-		sent, failed := 0, 0
+	fmt.Fprintln(w, "setup\tround\trequests\tfailed\tCPU\ta request\tover infernode's\ttokens answered\t1k tokens\tover infernode's\tbusiest backend's share\t")
+	cost := func(s *setup, r int) (perRequest, perKTokens float64, sent, failed, answered int) {
 		for _, l := range sweep[s][r] {
-			sent, failed = sent+l.Requests, failed+l.Failed
+			sent, failed, answered = sent+l.Requests, failed+l.Failed, answered+l.Answered
 		}
-		return sum(work[s][r]) / float64(sent), sent, failed
+		cpu := sum(work[s][r])
+		return cpu / float64(sent), 1000 * cpu / float64(answered), sent, failed, answered
 	}
 	for _, s := range setups {
 		for r, cpu := range work[s] {
-			per, sent, failed := perRequest(s, r)
-			base, _, _ := perRequest(inf, r)
-			fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%.1f s\t%.0f ms\t%s\t%.0f%%\t\n", s.Title, r+1, sent, failed, sum(cpu), 1000*per,
-				ratio(per, base), 100*slices.Max(cpu)/sum(cpu))
+			per, perK, sent, failed, answered := cost(s, r)
+			base, baseK, _, _, _ := cost(inf, r)
+			fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%.1f s\t%.0f ms\t%s\t%d\t%.0f ms\t%s\t%.0f%%\t\n", s.Title, r+1, sent, failed, sum(cpu), 1000*per,
+				ratio(per, base), answered, 1000*perK, ratio(perK, baseK), 100*slices.Max(cpu)/sum(cpu))
 		}
 	}
 	if err := w.Flush(); err != nil {

@@ -180,6 +180,7 @@ func summarizeOpen(rate float64, rs []result, duration, sloTTFT, sloTPOT time.Du
 			continue
 		}
 		prompts = append(prompts, r.promptTokens)
+		l.Answered += r.promptTokens + r.tokens
 		ttft = append(ttft, r.first.Sub(r.start))
 		tpot = append(tpot, r.tpot())
 		gaps = append(gaps, r.gaps...)

@@ -122,6 +122,9 @@ func TestSLOScales(t *testing.T) {
 	if l.PromptP50 != 30 { // the upper middle of 5, 15, 30, 60 (the failed request's not counted)
 		t.Errorf("median prompt %d tokens, want 30", l.PromptP50)
 	}
+	if l.Answered != 5+15+30+60+4*5 {
+		t.Errorf("%d tokens answered, want the prompts and completions of the four that did not fail, 130", l.Answered)
+	}
 }
 
 // TestFollowUps: the follow-up percentiles and cached share count only second and later
