@@ -84,7 +84,7 @@ type OpenLevel struct {
 	// Answered is the workload the server answered: the prompt and completion tokens of
 	// the requests that did not fail (a prompt's cached tokens count: the unit of work a
 	// client asks for, whatever the server reuses).
-	Answered int `json:"answered_tokens"`
+	Answered  int     `json:"answered_tokens"`
 	TTFTp50ms float64 `json:"ttft_p50_ms"`
 	TTFTp99ms float64 `json:"ttft_p99_ms"`
 	TPOTp50ms float64 `json:"tpot_p50_ms"`
