@@ -47,8 +47,9 @@ type Config struct {
 	// cells. Off, attention is matrix products over every cell in the pool's used range
 	// and a softmax: it prefills many tokens over a long history faster, but costs more
 	// with other conversations' cells resident (docs/BENCHMARKS.md, "Where the engine's
-	// time goes: attention"). A quantized KV cache needs it. It shapes the KV cache (without it
-	// llama.cpp stores V transposed), so it is in the fingerprint. Default true.
+	// time goes: attention"). A quantized KV cache needs it. It shapes the KV cache
+	// (without it llama.cpp stores V transposed), so it is in the fingerprint. Default
+	// true.
 	FlashAttn bool
 	// SeqContext is the most tokens (prompt and answer) one conversation may hold. 0 means
 	// the model's trained context: a model is not trained for positions beyond it, and
