@@ -229,13 +229,15 @@ bench-compare: build bench-model .build/ollama
 
 # bench-goodput: bench-compare's goodput mode: open-loop load swept over RATES (each for
 # RATE_DURATION) against both servers, SLOs from llama.cpp alone (BenchmarkRawFirstToken)
-# at 1x, 2x and 4x, goodput at 90% attainment.
+# at 1x, 2x and 4x, goodput at 90% attainment. Sampled at temperature 1: greedy, the
+# benchmark model's random weights loop and ollama cuts such answers short (see
+# docs/BENCHMARKS.md, "Goodput against ollama").
 RATES ?= 0.25,0.5,1,1.5,2,3
 RATE_DURATION ?= 60s
 bench-goodput: build bench-model .build/ollama
 	$(GO) test -c -o .build/llama.test ./session/llama
 	$(BIN)/benchcompare --ollama .build/ollama --model $(BENCH_MODEL) --rounds $(or $(GOODPUT_ROUNDS),2) \
-		--goodput .build/llama.test --rates $(RATES) --rate-duration $(RATE_DURATION)
+		--goodput .build/llama.test --rates $(RATES) --rate-duration $(RATE_DURATION) --temperature 1
 
 # bench-cluster-compare: CLUSTER_NODES infernode nodes against as many ollama servers behind
 # nginx (round robin, and consistent hash on the session header), each backend pinned to a

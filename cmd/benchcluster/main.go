@@ -63,7 +63,7 @@ type config struct {
 	nodes, parallel, cells, rounds                int
 	rates                                         string
 	duration, killDuration                        time.Duration
-	killRate                                      float64
+	killRate, temperature                         float64
 	keep, kill                                    bool
 	infernodeArgs, infernodeBArgs                 string
 }
@@ -83,6 +83,11 @@ func main() {
 	flag.StringVar(&c.rates, "rates", "0.5,1,1.5,2", "request rates swept (a second, the whole cluster)")
 	flag.DurationVar(&c.duration, "rate-duration", 45*time.Second, "how long each rate runs")
 	flag.Float64Var(&c.killRate, "kill-rate", 1, "request rate of the kill runs")
+	// Not greedy by default: the benchmark model's random weights loop under greedy
+	// decoding, and ollama ends a stream whose token repeats 31 times without a finish
+	// (llm.Completion's repeat guard), which would count as its failures and end its
+	// conversations early. Sampled, the guard does not fire.
+	flag.Float64Var(&c.temperature, "temperature", 1, "sampling temperature of every request (0: greedy, where the benchmark model loops and ollama cuts answers short)")
 	flag.StringVar(&c.infernodeArgs, "infernode-args", "", "more flags for every infernode node (for an A/B: --replicas 0, ...)")
 	flag.StringVar(&c.infernodeBArgs, "infernode-b-args", "", "an A/B in one run: a second infernode cluster (on the same cores) with these flags too, measured in turn with the others; no kill run")
 	flag.BoolVar(&c.kill, "kill", true, "run the kill runs after the sweep")
@@ -206,11 +211,11 @@ func run(c config) (err error) {
 	// Warm every backend through nginx (round robin reaches each), then measure the
 	// workload's median prompt and take the SLO from llama.cpp alone on one core.
 	for _, s := range slices.DeleteFunc(slices.Clone(setups), func(s *setup) bool { return s == sticky }) {
-		if _, err := measure.Loadgen(c.loadgen, s.args("--concurrency", fmt.Sprint(2*c.nodes), "--rounds", "1", "--max-tokens", "8")...); err != nil {
+		if _, err := measure.Loadgen(c.loadgen, c.args(s, "--concurrency", fmt.Sprint(2*c.nodes), "--rounds", "1", "--max-tokens", "8")...); err != nil {
 			return fmt.Errorf("warm-up of %s: %w", s.Title, err)
 		}
 	}
-	cal, err := measure.LoadgenOpen(c.loadgen, inf.args("--rate", "1", "--duration", "30s")...)
+	cal, err := measure.LoadgenOpen(c.loadgen, c.args(inf, "--rate", "1", "--duration", "30s")...)
 	if err != nil {
 		return err
 	}
@@ -234,7 +239,7 @@ func run(c config) (err error) {
 			if err != nil {
 				return err
 			}
-			levels, err := measure.LoadgenOpen(c.loadgen, s.args(append([]string{"--rate", c.rates, "--duration", c.duration.String(),
+			levels, err := measure.LoadgenOpen(c.loadgen, c.args(s, append([]string{"--rate", c.rates, "--duration", c.duration.String(),
 				"--seed", fmt.Sprint(r + 1)}, slo...)...)...)
 			if err != nil {
 				return fmt.Errorf("%s: %w", s.Title, err)
@@ -284,8 +289,8 @@ func groupCPU(pgids []int) ([]float64, error) {
 }
 
 // args are loadgen's flags for s, then more.
-func (s *setup) args(more ...string) []string {
-	a := []string{"--url", s.url(), "--temperature", "0", "--session-header", "X-Session-ID"}
+func (c *config) args(s *setup, more ...string) []string {
+	a := []string{"--url", s.url(), "--temperature", fmt.Sprint(c.temperature), "--session-header", "X-Session-ID"}
 	if s.model != "" {
 		a = append(a, "--model", s.model)
 	}
@@ -420,7 +425,7 @@ func killRun(ctx context.Context, c config, work string, s *setup, slo []string)
 	}
 	done := make(chan answer, 1)
 	go func() {
-		l, err := measure.LoadgenOpen(c.loadgen, s.args(append([]string{"--rate", fmt.Sprint(c.killRate), "--duration", c.killDuration.String(),
+		l, err := measure.LoadgenOpen(c.loadgen, c.args(s, append([]string{"--rate", fmt.Sprint(c.killRate), "--duration", c.killDuration.String(),
 			"--seed", "100", "--records", records}, slo...)...)...)
 		done <- answer{l, err}
 	}()
