@@ -64,6 +64,7 @@ type config struct {
 	rates                                         string
 	duration, killDuration                        time.Duration
 	killRate, temperature                         float64
+	killSeed                                      uint64
 	keep, kill                                    bool
 	infernodeArgs, infernodeBArgs                 string
 }
@@ -83,6 +84,9 @@ func main() {
 	flag.StringVar(&c.rates, "rates", "0.5,1,1.5,2", "request rates swept (a second, the whole cluster)")
 	flag.DurationVar(&c.duration, "rate-duration", 45*time.Second, "how long each rate runs")
 	flag.Float64Var(&c.killRate, "kill-rate", 1, "request rate of the kill runs")
+	// The seed's draw decides whether conversations span the kill: 100's, at a request a
+	// second for a minute, has none running across its half-way mark.
+	flag.Uint64Var(&c.killSeed, "kill-seed", 105, "workload seed of the kill runs (one whose conversations span the kill; the report says when none did)")
 	// Not greedy by default: the benchmark model's random weights loop under greedy
 	// decoding, and ollama ends a stream whose token repeats 31 times without a finish
 	// (llm.Completion's repeat guard), which would count as its failures and end its
@@ -426,7 +430,7 @@ func killRun(ctx context.Context, c config, work string, s *setup, slo []string)
 	done := make(chan answer, 1)
 	go func() {
 		l, err := measure.LoadgenOpen(c.loadgen, c.args(s, append([]string{"--rate", fmt.Sprint(c.killRate), "--duration", c.killDuration.String(),
-			"--seed", "100", "--records", records}, slo...)...)...)
+			"--seed", fmt.Sprint(c.killSeed), "--records", records}, slo...)...)...)
 		done <- answer{l, err}
 	}()
 	time.Sleep(c.killDuration / 2) // the experiment's schedule: the kill comes half-way through the load
@@ -578,7 +582,7 @@ func report(w0 io.Writer, c config, setups []*setup, sweep map[*setup][][]measur
 	if !c.kill {
 		return nil
 	}
-	fmt.Fprintf(w0, "\nthe last backend SIGKILLed half-way through %v at %g requests a second (goal: no failed answers, against nginx's)\n", c.killDuration, c.killRate)
+	fmt.Fprintf(w0, "\nthe last backend SIGKILLed half-way through %v at %g requests a second, seed %d (goal: no failed answers, against nginx's)\n", c.killDuration, c.killRate, c.killSeed)
 	w = tabwriter.NewWriter(w0, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(w, "setup\trequests\tfailed\tof them through the killed process\tresumed\tits conversations' follow-ups after\ttheir TTFT p50\tcached\tother follow-ups' TTFT p50\t")
 	for _, s := range setups[:3] {
@@ -591,7 +595,15 @@ func report(w0 io.Writer, c config, setups []*setup, sweep map[*setup][][]measur
 		fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t\n", s.Title, k.level.Requests, k.failed, k.throughKilled, k.resumed,
 			len(k.moved), p50(k.moved), cached, p50(k.others))
 	}
-	return w.Flush()
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	for _, s := range setups[:3] {
+		if k := kills[s]; len(k.moved)+len(k.others) == 0 {
+			fmt.Fprintf(w0, "%s: no conversation spanned the kill (no follow-up after it to a turn before it), so this kill tested nothing there: try another --kill-seed\n", s.Title)
+		}
+	}
+	return nil
 }
 
 func sum(v []float64) (t float64) {
