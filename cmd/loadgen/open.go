@@ -54,9 +54,13 @@ type conversation struct {
 	turns []turn
 }
 
-// plan synthesizes the workload for rate over duration from seed.
+// plan synthesizes the workload for rate over duration from seed. The draws do not depend
+// on the rate: a seed's conversations are the same at every rate, arriving at times that
+// scale with 1/rate, so a higher rate of a sweep is the same workload, denser and longer.
+// (Drawn apart by rate, a minute's sample of a long-tailed workload can be lighter at a
+// higher rate than at a lower one.)
 func plan(rate float64, duration time.Duration, seed uint64) []conversation {
-	rng := rand.New(rand.NewPCG(seed, math.Float64bits(rate)))
+	rng := rand.New(rand.NewPCG(seed, 0))
 	logNormal := func(median, sigma float64, lo, hi int) int {
 		return max(lo, min(hi, int(math.Round(median*math.Exp(sigma*rng.NormFloat64())))))
 	}
@@ -91,6 +95,13 @@ func message(rng *rand.Rand, words int) string {
 	return strings.Join(w, " ")
 }
 
+// messageRNG draws conversation i's messages and think times. It depends on the rate so
+// that the rates of a sweep, which share their conversations' shapes, do not send the same
+// words: a server's cache of one rate's prompts must not serve the next rate's.
+func messageRNG(seed uint64, rate float64, i int) *rand.Rand {
+	return rand.New(rand.NewPCG(seed, math.Float64bits(rate)^uint64(i)))
+}
+
 // openRun sends rate's workload for duration and measures it against the SLO; it returns
 // the requests too. Follow-ups still due at the end are not sent; requests in flight are
 // waited for.
@@ -103,7 +114,7 @@ func openRun(ctx context.Context, client *http.Client, t target, rate float64, d
 	var wg sync.WaitGroup
 	for i, c := range convs {
 		wg.Go(func() {
-			rng := rand.New(rand.NewPCG(seed, uint64(i)))
+			rng := messageRNG(seed, rate, i)
 			if !sleepUntil(ctx, start.Add(c.at)) {
 				return
 			}

@@ -197,3 +197,27 @@ func TestEndWait(t *testing.T) {
 		t.Errorf("ITL p50 %v, end wait p50/p99 %v/%v, TPOT p99 %v; want 10, 1/200, 110", l.ITLp50ms, l.EndWaitp50ms, l.EndWaitp99ms, l.TPOTp99ms)
 	}
 }
+
+// TestPlanScalesWithRate: a higher rate plans the lower rate's conversations, the same
+// turns at times scaled by the ratio of the rates, and more after them; their words differ.
+func TestPlanScalesWithRate(t *testing.T) {
+	lo, hi := plan(0.5, time.Minute, 1), plan(1, time.Minute, 1)
+	if len(hi) <= len(lo) || len(lo) == 0 {
+		t.Fatalf("%d conversations at 1 a second, %d at 0.5: want more at the higher rate", len(hi), len(lo))
+	}
+	for i, c := range lo {
+		h := hi[i]
+		if !slices.Equal(c.turns, h.turns) {
+			t.Fatalf("conversation %d: turns %v at 0.5, %v at 1", i, c.turns, h.turns)
+		}
+		if d := c.at - 2*h.at; d < -time.Microsecond || d > time.Microsecond {
+			t.Fatalf("conversation %d starts at %v at 0.5 and %v at 1, want half", i, c.at, h.at)
+		}
+	}
+	if a, b := message(messageRNG(1, 0.5, 0), 20), message(messageRNG(1, 1, 0), 20); a == b {
+		t.Errorf("rates 0.5 and 1 send the same first message %q", a)
+	}
+	if a, b := message(messageRNG(1, 1, 0), 20), message(messageRNG(2, 1, 0), 20); a == b {
+		t.Errorf("seeds 1 and 2 send the same first message %q", a)
+	}
+}
