@@ -244,8 +244,9 @@ bench-goodput: build bench-model .build/ollama
 # core; open-loop multi-turn load swept over CLUSTER_RATES, then one backend SIGKILLed
 # mid-run (cmd/benchcluster; nginx.conf.tmpl there is the configuration). nginx comes from
 # the distribution's packages, installed here if missing. CLUSTER_ARGS adds benchcluster flags
-# (--kill-duration, --kill-rate, --parallel, --ctx; --infernode-b-args '--place-margin 0'
-# for an A/B of infernode's flags in the same run).
+# (--kill-duration, --kill-rate, --kill-seed, --parallel, --ctx, --ollama-num-ctx,
+# --temperature; --infernode-b-args '--place-margin 0' for an A/B of infernode's flags in
+# the same run).
 CLUSTER_NODES ?= 2
 CLUSTER_RATES ?= 0.5,1,1.5,2
 CLUSTER_RATE_DURATION ?= 45s

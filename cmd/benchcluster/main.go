@@ -60,7 +60,7 @@ var scales = []float64{1, 2, 4}
 
 type config struct {
 	infernode, ollama, loadgen, nginx, raw, model string
-	nodes, parallel, cells, rounds                int
+	nodes, parallel, cells, rounds, ollamaCtx     int
 	rates                                         string
 	duration, killDuration                        time.Duration
 	killRate, temperature                         float64
@@ -80,6 +80,9 @@ func main() {
 	flag.IntVar(&c.nodes, "nodes", 2, "backends a side (each pinned to a core)")
 	flag.IntVar(&c.parallel, "parallel", 8, "sequences each backend runs at once (infernode --sequences, OLLAMA_NUM_PARALLEL)")
 	flag.IntVar(&c.cells, "ctx", 8192, "KV cells each backend holds over all its sequences (infernode --ctx; ollama's num_ctx is this over --parallel)")
+	// ollama drops a conversation's earliest messages when its prompt exceeds num_ctx;
+	// infernode's sequences share the whole pool, so it serves those histories whole.
+	flag.IntVar(&c.ollamaCtx, "ollama-num-ctx", 0, "ollama's num_ctx, a sequence (0: --ctx over --parallel; ollama truncates longer histories, infernode does not)")
 	flag.IntVar(&c.rounds, "rounds", 2, "rounds of the sweep, alternating the setups in each")
 	flag.StringVar(&c.rates, "rates", "0.5,1,1.5,2", "request rates swept (a second, the whole cluster)")
 	flag.DurationVar(&c.duration, "rate-duration", 45*time.Second, "how long each rate runs")
@@ -346,8 +349,12 @@ func startOllama(ctx context.Context, c config, work string) (*ollamaServers, er
 			return nil, err
 		}
 	}
+	numCtx := c.ollamaCtx
+	if numCtx == 0 {
+		numCtx = c.cells / c.parallel
+	}
 	modelfile := filepath.Join(work, "Modelfile")
-	if err := os.WriteFile(modelfile, fmt.Appendf(nil, "FROM %s\nPARAMETER num_thread 1\nPARAMETER num_ctx %d\n", c.model, c.cells/c.parallel), 0o644); err != nil {
+	if err := os.WriteFile(modelfile, fmt.Appendf(nil, "FROM %s\nPARAMETER num_thread 1\nPARAMETER num_ctx %d\n", c.model, numCtx), 0o644); err != nil {
 		o.close()
 		return nil, err
 	}
