@@ -231,7 +231,7 @@ bench-compare: build bench-model .build/ollama
 # RATE_DURATION) against both servers, SLOs from llama.cpp alone (BenchmarkRawFirstToken)
 # at 1x, 2x and 4x, goodput at 90% attainment. Sampled at temperature 1: greedy, the
 # benchmark model's random weights loop and ollama cuts such answers short (see
-# docs/BENCHMARKS.md, "Goodput against ollama").
+# docs/BENCHMARKS.md, "ollama's failed answers: its repeat guard on a looping model").
 RATES ?= 0.25,0.5,1,1.5,2,3
 RATE_DURATION ?= 60s
 bench-goodput: build bench-model .build/ollama

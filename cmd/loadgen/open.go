@@ -56,9 +56,9 @@ type conversation struct {
 
 // plan synthesizes the workload for rate over duration from seed. The draws do not depend
 // on the rate: a seed's conversations are the same at every rate, arriving at times that
-// scale with 1/rate, so a higher rate of a sweep is the same workload, denser and longer.
-// (Drawn apart by rate, a minute's sample of a long-tailed workload can be lighter at a
-// higher rate than at a lower one.)
+// scale with 1/rate, so a higher rate of a sweep is the same workload, denser, and more of
+// it fits in the duration. (Drawn apart by rate, a minute's sample of a long-tailed
+// workload can be lighter at a higher rate than at a lower one.)
 func plan(rate float64, duration time.Duration, seed uint64) []conversation {
 	rng := rand.New(rand.NewPCG(seed, 0))
 	logNormal := func(median, sigma float64, lo, hi int) int {
