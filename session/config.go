@@ -22,9 +22,18 @@ type Config struct {
 	MMap bool
 	// Cells is the number of KV cache cells (tokens) over all sequences. Default 8192.
 	Cells int
-	// Sequences is how many conversations the context holds at once, running or cached
-	// idle. Default 8.
+	// Sequences is how many requests run at once, prefilled or decoded in the same steps.
+	// Default 8.
 	Sequences int
+	// Conversations is how many conversations the engine holds at once, running or cached
+	// idle for their next turn (llama.cpp's sequence ids). An idle one keeps its cells in
+	// the pool, or with HostKV in host memory, until room is needed for another. With a
+	// unified pool it may exceed Sequences, up to 256; 0 means 4x Sequences there, so
+	// that a node serving more conversations than it runs at once (a survivor taking over
+	// a dead peer's, replicas beside its own) keeps their histories for as long as cells
+	// and host memory hold them, not only Sequences of them. Without a unified pool each
+	// sequence has its own partition of the cells, and it is Sequences.
+	Conversations int
 	// BatchSize is the most tokens one step decodes: one per running sequence plus prefill
 	// chunks. Default 512.
 	BatchSize int
@@ -113,12 +122,30 @@ func DefaultConfig() Config {
 	}
 }
 
+// maxSeqs is llama.cpp's most sequence ids in a context (LLAMA_MAX_SEQ).
+const maxSeqs = 256
+
+// conversations is Conversations with its default applied (see Conversations).
+func (c Config) conversations() int {
+	switch {
+	case !c.UnifiedKV:
+		return c.Sequences
+	case c.Conversations == 0:
+		return min(4*c.Sequences, maxSeqs)
+	}
+	return c.Conversations
+}
+
 // Validate reports every problem with c at once.
 func (c Config) Validate() error {
 	p := validate.New("")
 	check := p.Check
 	check(c.ModelPath != "", "model path is required")
-	check(c.Sequences >= 1 && c.Sequences <= 256, "sequences must be in [1, 256], got %d", c.Sequences)
+	check(c.Sequences >= 1 && c.Sequences <= maxSeqs, "sequences must be in [1, %d], got %d", maxSeqs, c.Sequences)
+	check(c.Conversations == 0 || c.Conversations >= c.Sequences && c.Conversations <= maxSeqs,
+		"conversations must be 0 or in [sequences %d, %d], got %d", c.Sequences, maxSeqs, c.Conversations)
+	check(c.UnifiedKV || c.Conversations == 0 || c.Conversations == c.Sequences,
+		"conversations %d must be sequences %d without a unified pool (each has its own partition)", c.Conversations, c.Sequences)
 	check(c.BatchSize >= c.Sequences, "batch size %d must be at least the number of sequences %d", c.BatchSize, c.Sequences)
 	check(c.Cells >= 16, "KV cells must be at least 16, got %d", c.Cells)
 	check(c.UnifiedKV || c.Cells/max(c.Sequences, 1) >= 16,

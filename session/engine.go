@@ -171,12 +171,12 @@ func newEngine(cfg Config, b Backend, log *slog.Logger) *Engine {
 		tasks:     make(chan func()),
 		stopped:   make(chan struct{}),
 	}
-	for i := range cfg.Sequences {
+	for i := range cfg.conversations() {
 		e.slots = append(e.slots, &slot{seq: i})
 	}
 	e.publishStats(&infer.Stats{})
 	log.Info("engine created", "cells", e.cells, "seq_cells", e.seqCells, "sequences", cfg.Sequences,
-		"batch", cfg.BatchSize, "threads", cfg.Threads, "unified_kv", cfg.UnifiedKV, "flash_attn", cfg.FlashAttn, "seed", seed)
+		"conversations", len(e.slots), "batch", cfg.BatchSize, "threads", cfg.Threads, "unified_kv", cfg.UnifiedKV, "flash_attn", cfg.FlashAttn, "seed", seed)
 	return e
 }
 

@@ -59,7 +59,7 @@ func (e *Engine) admit(stats *infer.Stats) {
 	if len(e.waiting) > 0 && !e.waiting[0].req.Batch {
 		return // an interactive request waits
 	}
-	for len(e.parked) > 0 && e.freeSlots() >= 2 {
+	for len(e.parked) > 0 && e.idleSequences() >= 2 {
 		j := e.parked[0]
 		p, ok := e.placeParked(j)
 		if !ok {
@@ -70,7 +70,7 @@ func (e *Engine) admit(stats *infer.Stats) {
 		e.resume(j, p, stats)
 		e.mu.Lock()
 	}
-	for len(e.parked) == 0 && len(e.waiting) > 0 && e.freeSlots() >= 2 {
+	for len(e.parked) == 0 && len(e.waiting) > 0 && e.idleSequences() >= 2 {
 		j := e.waiting[0]
 		p, ok := e.place(j)
 		if !ok {
@@ -90,7 +90,7 @@ func (e *Engine) admit(stats *infer.Stats) {
 // batch request runs, or as many are parked as the engine has sequences (parked state is
 // memory outside the KV cache: this bounds it by the cache's size).
 func (e *Engine) preempt(stats *infer.Stats) bool {
-	if e.cfg.NoPreempt || len(e.parked) >= len(e.slots) {
+	if e.cfg.NoPreempt || len(e.parked) >= e.cfg.Sequences {
 		return false
 	}
 	var victim *job
@@ -120,7 +120,7 @@ func (e *Engine) preempt(stats *infer.Stats) bool {
 
 // placeParked finds a slot and cells for a parked request, as place does for a new one.
 func (e *Engine) placeParked(j *job) (placement, bool) {
-	p := placement{slot: e.slotFor("")}
+	p := placement{slot: e.runSlot("")}
 	if p.slot == nil {
 		return p, false
 	}
@@ -163,16 +163,8 @@ func btoi(b bool) int {
 	return 0
 }
 
-// freeSlots counts the sequences no request runs in (empty, or an idle conversation).
-func (e *Engine) freeSlots() int {
-	n := 0
-	for _, s := range e.slots {
-		if s.job == nil {
-			n++
-		}
-	}
-	return n
-}
+// idleSequences counts the requests that could run beside those running now.
+func (e *Engine) idleSequences() int { return e.cfg.Sequences - len(e.jobs) }
 
 // interactivePrefill reports whether an interactive prompt is being prefilled: batch
 // decoding pauses meanwhile.
@@ -200,9 +192,9 @@ const minSharedPrefix = 32
 // hold their tokens and are evicted LRU-first as needed to make room for j's first claim.
 func (e *Engine) place(j *job) (placement, bool) {
 	key := j.req.SessionID
-	p := placement{slot: e.slotFor(key)}
+	p := placement{slot: e.runSlot(key)}
 	if p.slot == nil {
-		return p, false // every slot is running
+		return p, false // as many requests run as may
 	}
 	if key != "" && p.slot.key == key {
 		p.reuse = commonPrefix(p.slot.tokens, j.prompt)
@@ -256,6 +248,14 @@ func (e *Engine) sharedPrefix(prompt []int32, share string, target *slot, hosted
 		return nil, 0
 	}
 	return best, n
+}
+
+// runSlot is slotFor(key) when another request may run beside those running, else nil.
+func (e *Engine) runSlot(key string) *slot {
+	if e.idleSequences() <= 0 {
+		return nil
+	}
+	return e.slotFor(key)
 }
 
 // slotFor is the slot a conversation's request or import goes to: the conversation's own
@@ -839,7 +839,7 @@ func (e *Engine) logprob(row []float32, tok int32, top int) infer.TokenLogprob {
 // publishStats stores a snapshot of the counters and the slots' state for Stats.
 func (e *Engine) publishStats(counters *infer.Stats) {
 	s := *counters
-	s.Sequences, s.KVCells, s.Running, s.Parked = len(e.slots), e.cells, len(e.jobs), len(e.parked)
+	s.Sequences, s.KVCells, s.Running, s.Parked = e.cfg.Sequences, e.cells, len(e.jobs), len(e.parked)
 	s.HostTokens = e.hostTokens
 	if e.b != nil {
 		for _, sl := range e.slots {

@@ -98,7 +98,7 @@ func TestFakePrefixSharing(t *testing.T) {
 // never evicted.
 func TestFakeEviction(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		e, _, stop := startFake(t, func(c *Config) { c.Sequences = 2 })
+		e, _, stop := startFake(t, func(c *Config) { c.Sequences, c.Conversations = 2, 2 })
 		defer stop()
 		ask(t, e, "a", "alpha one", 2)
 		ask(t, e, "b", "beta one", 2)
@@ -112,6 +112,34 @@ func TestFakeEviction(t *testing.T) {
 		}
 		if _, _, cached := ask(t, e, "c", "gamma one again", 2); cached == 0 {
 			t.Error("c, used after b's eviction, lost its cache")
+		}
+	})
+}
+
+// TestFakeConversations: a unified pool holds more conversations than it runs requests
+// at once (Conversations, by default 4x Sequences): six conversations on an engine of
+// two sequences all find their histories at their next turns, while no more than two
+// requests ever run at once, even when all six ask together.
+func TestFakeConversations(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e, _, stop := startFake(t, func(c *Config) { c.Sequences = 2 })
+		defer stop()
+		texts := make([]string, 6)
+		for i := range texts {
+			texts[i], _, _ = ask(t, e, fmt.Sprint("c", i), fmt.Sprint("opening words of conversation ", i), 2)
+		}
+		var wg sync.WaitGroup
+		for i, text := range texts {
+			wg.Go(func() {
+				if _, _, cached := ask(t, e, fmt.Sprint("c", i), fmt.Sprint("opening words of conversation ", i, text, " go on"), 2); cached == 0 {
+					t.Errorf("conversation %d's next turn found nothing cached", i)
+				}
+			})
+		}
+		wg.Wait()
+		if st := e.Stats(); st.Evictions != 0 || st.MaxDecoding > 2 || st.Sequences != 2 || st.Conversations != 6 {
+			t.Errorf("%d evictions, %d decoding at once, %d sequences, %d conversations held: want 0, at most 2, 2, 6",
+				st.Evictions, st.MaxDecoding, st.Sequences, st.Conversations)
 		}
 	})
 }

@@ -22,7 +22,7 @@ type slotSpec struct {
 }
 
 func testEngine(cells int, unified bool, specs ...slotSpec) *Engine {
-	e := &Engine{cfg: Config{Cells: cells, UnifiedKV: unified}, cells: cells, share: cells}
+	e := &Engine{cfg: Config{Cells: cells, UnifiedKV: unified, Sequences: len(specs)}, cells: cells, share: cells}
 	for i, sp := range specs {
 		s := &slot{seq: i, key: sp.key, tokens: make([]int32, sp.tokens), lastUsed: sp.used}
 		for k := range s.tokens {

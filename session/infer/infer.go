@@ -331,7 +331,7 @@ type Stream interface {
 
 // Stats is a snapshot of an engine, updated after every step.
 type Stats struct {
-	Sequences      int // sequence slots
+	Sequences      int // requests that may run at once
 	Running        int // requests being prefilled or decoded
 	Waiting        int // requests queued for admission, parked ones included
 	Parked         int // batch requests preempted for interactive work, to resume (KV kept)
