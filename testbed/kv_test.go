@@ -183,8 +183,10 @@ func settledTransfers(t testing.TB, c *Cluster, nodes ...*Node) float64 {
 // from the replica and says what the old owner said.
 func TestCrashFailoverKV(t *testing.T) {
 	// Every conversation probed for its owner stays cached somewhere, and replicas are the
-	// first evicted: 16 sequences a node keep the replicas this test looks for.
-	c := startCluster(t, 3, "--sequences", "16")
+	// first evicted: 16 conversations a node (4x the 4 sequences that run at once) keep the
+	// replicas this test looks for. With only as many as run at once (--conversations 4)
+	// the probes' conversations evict them and the turns after the crash start cold.
+	c := startCluster(t, 3, "--sequences", "4")
 	entry, victim, other := c.Nodes[0], c.Nodes[1], c.Nodes[2]
 	convs := ownedConversations(t, entry, victim, 3)
 	replicas := settledTransfers(t, c, entry, other)
