@@ -40,7 +40,17 @@ export CGO_CPPFLAGS := -I$(INCLUDE)
 export CGO_CFLAGS   := -O3 $(ISA)
 export CGO_CXXFLAGS := -O3 $(ISA)
 
-APT_PACKAGES := nlohmann-json3-dev libstb-dev nftables iproute2 iptables
+# llama.cpp's CPU flash-attention kernel is patched (scripts/ggml-fattn-skip.patch: a unified
+# KV pool's cells of other sequences are passed 16 at a time, not read one by one). go build
+# cannot overlay files in the module cache, so deps writes a patched copy of the ollama
+# module to .build/ollama-patched and .build/go.patched.mod, go.mod with a replace to that
+# copy; every go command make runs builds with it (GOFLAGS, inherited by the tests' own
+# builds). A plain `go build` outside make builds the stock kernel: the same answers, slower
+# with many conversations resident (docs/BENCHMARKS.md, "The kernel patch, built in").
+PATCHED_MOD := $(CURDIR)/.build/go.patched.mod
+export GOFLAGS := $(strip $(filter-out -modfile=%,$(GOFLAGS)) -modfile=$(PATCHED_MOD))
+
+APT_PACKAGES := nlohmann-json3-dev libstb-dev nftables iproute2 iptables patch
 # Only for make test: the dashboard's test drives a real browser.
 TEST_APT_PACKAGES := chromium
 MALGO        := github.com/gen2brain/malgo@v0.11.24
@@ -50,10 +60,12 @@ MALGO        := github.com/gen2brain/malgo@v0.11.24
 all: build
 
 # deps: Debian packages (only when missing: headers for the cgo build, nftables and
-# iproute2 for network emulation), Go modules, and the include folder.
-deps: .build/deps.stamp
+# iproute2 for network emulation), Go modules, the include folder and the patched module.
+# Its own go commands run before the patched go.mod exists, so without GOFLAGS.
+deps: .build/deps.stamp $(PATCHED_MOD)
 	@sh scripts/check-cflags.sh
 
+.build/deps.stamp: export GOFLAGS :=
 .build/deps.stamp: go.mod go.sum
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
@@ -68,6 +80,15 @@ deps: .build/deps.stamp
 	ln -sfn "$$ollama/llama/llama.cpp/include" $(INCLUDE)/llama; \
 	ln -sfn "$$ollama/ml/backend/ggml/ggml/include" $(INCLUDE)/ggml
 	@touch $@
+
+$(PATCHED_MOD): export GOFLAGS :=
+$(PATCHED_MOD): go.mod go.sum scripts/ggml-fattn-skip.patch .build/deps.stamp
+	@rm -rf .build/ollama-patched
+	@cp -R "$$($(GO) list -m -f '{{.Dir}}' github.com/ollama/ollama)" .build/ollama-patched
+	@chmod -R u+w .build/ollama-patched
+	patch -s -p0 -d .build/ollama-patched/ml/backend/ggml/ggml/src/ggml-cpu < scripts/ggml-fattn-skip.patch
+	@cp go.sum $(@:.mod=.sum)
+	@{ cat go.mod; echo; echo 'replace github.com/ollama/ollama => ./.build/ollama-patched'; } > $@
 
 build: deps
 	$(GO) build -o $(BIN)/ ./cmd/...
@@ -120,7 +141,8 @@ fuzz: deps
 lint: deps
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
-	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
+	@# staticcheck's package loader refuses -modfile; the Go code it reads is the same.
+	GOFLAGS= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
 
 # chaos-mutants: the short chaos suite against binaries with one KV path or fault handling
 # broken on purpose (testbed/mutants/*.patch): each must fail it. Prints the table of
@@ -135,6 +157,7 @@ FROM ?=
 upgrade-check: deps
 	sh scripts/upgrade-check.sh $(FROM)
 
+tidy-check: export GOFLAGS :=
 tidy-check:
 	$(GO) mod tidy && git diff --exit-code go.mod go.sum
 
@@ -189,7 +212,9 @@ bench-overhead: build bench-model
 # bench-compare: infernode against ollama serve, one node each on the realistic-shape
 # model, cmd/loadgen against both, alternating (cmd/benchcompare). ollama is built from
 # the module version in go.mod, with the same compiler flags (the exports above).
-OLLAMA_VERSION = $(shell $(GO) list -m -f '{{.Version}}' github.com/ollama/ollama)
+# ollama is built stock (its own module, without GOFLAGS): the server a user would run.
+OLLAMA_VERSION = $(shell GOFLAGS= $(GO) list -m -f '{{.Version}}' github.com/ollama/ollama)
+.build/ollama: export GOFLAGS :=
 .build/ollama: go.mod | deps
 	rm -rf .build/ollama-src && mkdir -p .build/ollama-src
 	printf 'module ollamabuild\n\ngo 1.26.0\n\nrequire github.com/ollama/ollama $(OLLAMA_VERSION)\n' > .build/ollama-src/go.mod

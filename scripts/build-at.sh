@@ -2,7 +2,9 @@
 # build-at COMMIT OUT [PATCH]: build cmd/infernode from COMMIT's tree, with PATCH applied if
 # given, into OUT (absolute paths). The tree links this one's .build (the headers cgo finds
 # there, make deps), so the compiled llama.cpp is reused when its go.mod names the same
-# ollama version. Run through make, whose environment has the cgo flags.
+# ollama version. Run through make, whose environment has the cgo flags and GOFLAGS naming
+# this tree's patched go.mod: COMMIT's tree builds with it when its go.mod and llama.cpp
+# patch are this tree's, and with the stock module otherwise (as it was built then).
 set -eu
 commit=$1 out=$2 patch=${3:-}
 src=$(mktemp -d)
@@ -10,4 +12,9 @@ trap 'rm -rf "$src"' EXIT
 git archive "$commit" | tar -x -C "$src"
 ln -s "$(pwd)/.build" "$src/.build"
 if [ -n "$patch" ]; then (cd "$src" && git apply "$patch"); fi
+if ! cmp -s go.mod "$src/go.mod" || ! cmp -s scripts/ggml-fattn-skip.patch "$src/scripts/ggml-fattn-skip.patch" 2>/dev/null; then
+	echo "build-at: $commit builds with the stock ollama module (its go.mod or llama.cpp patch differs)"
+	GOFLAGS=$(echo " ${GOFLAGS:-} " | sed 's/ -modfile=[^ ]*//g; s/^ *//; s/ *$//')
+	export GOFLAGS
+fi
 (cd "$src" && ${GO:-go} build -o "$out" ./cmd/infernode)

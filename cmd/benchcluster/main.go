@@ -59,7 +59,8 @@ const (
 var scales = []float64{1, 2, 4}
 
 type config struct {
-	infernode, ollama, loadgen, nginx, raw, model string
+	infernode, infernodeB, ollama, loadgen, nginx string
+	raw, model                                    string
 	nodes, parallel, cells, rounds, ollamaCtx     int
 	rates                                         string
 	duration, killDuration                        time.Duration
@@ -98,6 +99,7 @@ func main() {
 	flag.Float64Var(&c.temperature, "temperature", 1, "sampling temperature of every request (0: greedy, where the benchmark model loops and ollama cuts answers short)")
 	flag.StringVar(&c.infernodeArgs, "infernode-args", "", "more flags for every infernode node (for an A/B: --replicas 0, ...)")
 	flag.StringVar(&c.infernodeBArgs, "infernode-b-args", "", "an A/B in one run: a second infernode cluster (on the same cores) with these flags too, measured in turn with the others; no kill run")
+	flag.StringVar(&c.infernodeB, "infernode-b", "", "an A/B of binaries in one run: the second infernode cluster runs this binary (with --infernode-b-args, if any)")
 	flag.BoolVar(&c.kill, "kill", true, "run the kill runs after the sweep")
 	flag.BoolVar(&c.keep, "keep", false, "keep the work directory (logs, nginx.conf, the kill runs' records); kept anyway on an error")
 	flag.DurationVar(&c.killDuration, "kill-duration", 60*time.Second, "length of a kill run: the last backend is killed half-way")
@@ -133,7 +135,10 @@ type backends struct {
 
 func run(c config) (err error) {
 	ctx := context.Background()
-	for _, p := range []*string{&c.infernode, &c.ollama, &c.loadgen, &c.raw, &c.model} {
+	for _, p := range []*string{&c.infernode, &c.infernodeB, &c.ollama, &c.loadgen, &c.raw, &c.model} {
+		if *p == "" {
+			continue
+		}
 		if *p, err = filepath.Abs(*p); err != nil {
 			return err
 		}
@@ -151,8 +156,8 @@ func run(c config) (err error) {
 	}()
 
 	// infernode: a cluster of nodes, node i pinned to core i.
-	startCluster := func(name string, httpPort, gossip int, more string) (*testbed.Cluster, *setup, error) {
-		cluster, err := testbed.Start(ctx, testbed.Config{Binary: c.infernode, Model: c.model, Nodes: c.nodes, Pin: true,
+	startCluster := func(name, binary string, httpPort, gossip int, more string) (*testbed.Cluster, *setup, error) {
+		cluster, err := testbed.Start(ctx, testbed.Config{Binary: binary, Model: c.model, Nodes: c.nodes, Pin: true,
 			HTTPPort: httpPort, GossipPort: gossip, LogDir: filepath.Join(work, name),
 			Args: append([]string{"--threads", "1", "--sequences", fmt.Sprint(c.parallel), "--ctx", fmt.Sprint(c.cells)}, strings.Fields(more)...)})
 		if err != nil {
@@ -173,7 +178,7 @@ func run(c config) (err error) {
 		}
 		return cluster, s, nil
 	}
-	cluster, inf, err := startCluster("infernode", infernodePort, gossipPort, c.infernodeArgs)
+	cluster, inf, err := startCluster("infernode", c.infernode, infernodePort, gossipPort, c.infernodeArgs)
 	if err != nil {
 		return err
 	}
@@ -198,13 +203,17 @@ func run(c config) (err error) {
 	rr := &setup{Name: "ollama_rr", Title: "ollama, nginx round robin", Backends: oll.addrs, model: "bench", backends: &oll.backends}
 	sticky := &setup{Name: "ollama_sticky", Title: "ollama, nginx sticky", Backends: oll.addrs, Sticky: true, model: "bench", backends: &oll.backends}
 	setups := []*setup{inf, rr, sticky}
-	if c.infernodeBArgs != "" {
-		clusterB, b, err := startCluster("infernode_b", infernodeBPort, gossipBPort, c.infernodeArgs+" "+c.infernodeBArgs)
+	if c.infernodeBArgs != "" || c.infernodeB != "" {
+		binary, title := c.infernode, "infernode "+c.infernodeBArgs
+		if c.infernodeB != "" {
+			binary, title = c.infernodeB, strings.TrimSpace(fmt.Sprintf("infernode %s %s", filepath.Base(c.infernodeB), c.infernodeBArgs))
+		}
+		clusterB, b, err := startCluster("infernode_b", binary, infernodeBPort, gossipBPort, c.infernodeArgs+" "+c.infernodeBArgs)
 		if err != nil {
 			return err
 		}
 		defer clusterB.Close()
-		b.Title = "infernode " + c.infernodeBArgs + ", nginx round robin"
+		b.Title = title + ", nginx round robin"
 		setups = append(setups, b)
 	}
 	for i, s := range setups {
