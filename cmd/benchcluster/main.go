@@ -206,7 +206,7 @@ func run(c config) (err error) {
 	if c.infernodeBArgs != "" || c.infernodeB != "" {
 		binary, title := c.infernode, "infernode "+c.infernodeBArgs
 		if c.infernodeB != "" {
-			binary, title = c.infernodeB, strings.TrimSpace(fmt.Sprintf("infernode %s %s", filepath.Base(c.infernodeB), c.infernodeBArgs))
+			binary, title = c.infernodeB, strings.TrimSpace("infernode "+c.infernodeB+" "+c.infernodeBArgs)
 		}
 		clusterB, b, err := startCluster("infernode_b", binary, infernodeBPort, gossipBPort, c.infernodeArgs+" "+c.infernodeBArgs)
 		if err != nil {
