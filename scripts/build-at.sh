@@ -12,16 +12,15 @@ trap 'rm -rf "$src"' EXIT
 git archive "$commit" | tar -x -C "$src"
 ln -s "$(pwd)/.build" "$src/.build"
 if [ -n "$patch" ]; then (cd "$src" && git apply "$patch"); fi
-if ! cmp -s go.mod "$src/go.mod" || ! cmp -s scripts/ggml-fattn-skip.patch "$src/scripts/ggml-fattn-skip.patch" 2>/dev/null; then
+plain=$(echo " ${GOFLAGS:-} " | sed 's/ -modfile=[^ ]*//g; s/^ *//; s/ *$//') # GOFLAGS without a -modfile
+if ! cmp -s go.mod "$src/go.mod" || ! cmp -s scripts/ggml-fattn-skip.patch "$src/scripts/ggml-fattn-skip.patch"; then
 	echo "build-at: $commit builds with the stock ollama module (its go.mod or llama.cpp patch differs)"
-	GOFLAGS=$(echo " ${GOFLAGS:-} " | sed 's/ -modfile=[^ ]*//g; s/^ *//; s/ *$//')
-	export GOFLAGS
+	export GOFLAGS="$plain"
 elif [ -f .build/go.patched.mod ]; then
 	# The copy by its real path, not through the tree's link: cgo's cache is keyed by the
 	# package's folder, so the compiled llama.cpp is this tree's.
 	sed "s|=> ./.build/ollama-patched|=> $(pwd)/.build/ollama-patched|" .build/go.patched.mod >"$src/go.patched.mod"
 	cp .build/go.patched.sum "$src/go.patched.sum"
-	GOFLAGS="$(echo " ${GOFLAGS:-} " | sed 's/ -modfile=[^ ]*//g; s/^ *//; s/ *$//') -modfile=$src/go.patched.mod"
-	export GOFLAGS
+	export GOFLAGS="$plain -modfile=$src/go.patched.mod"
 fi
 (cd "$src" && ${GO:-go} build -o "$out" ./cmd/infernode)

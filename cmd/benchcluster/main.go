@@ -204,16 +204,16 @@ func run(c config) (err error) {
 	sticky := &setup{Name: "ollama_sticky", Title: "ollama, nginx sticky", Backends: oll.addrs, Sticky: true, model: "bench", backends: &oll.backends}
 	setups := []*setup{inf, rr, sticky}
 	if c.infernodeBArgs != "" || c.infernodeB != "" {
-		binary, title := c.infernode, "infernode "+c.infernodeBArgs
+		binary := c.infernode
 		if c.infernodeB != "" {
-			binary, title = c.infernodeB, strings.TrimSpace("infernode "+c.infernodeB+" "+c.infernodeBArgs)
+			binary = c.infernodeB
 		}
 		clusterB, b, err := startCluster("infernode_b", binary, infernodeBPort, gossipBPort, c.infernodeArgs+" "+c.infernodeBArgs)
 		if err != nil {
 			return err
 		}
 		defer clusterB.Close()
-		b.Title = title + ", nginx round robin"
+		b.Title = strings.Join(strings.Fields("infernode "+c.infernodeB+" "+c.infernodeBArgs), " ") + ", nginx round robin"
 		setups = append(setups, b)
 	}
 	for i, s := range setups {
