@@ -601,3 +601,30 @@ func TestPeerAddresses(t *testing.T) {
 		}
 	}
 }
+
+// The view a node publishes says a peer is on its ring exactly while requests are routed
+// to it: a leaving peer, forgotten by the table as its leave is recorded, stays on the
+// ring until the change is committed, and so in the view. (A view that dropped it first
+// let the testbed send a turn the ring still gave the leaver.)
+func TestViewOnRingIsTheRing(t *testing.T) {
+	c := newCluster(t, "b", "c")
+	onView := func() bool {
+		for _, m := range c.entry.View(0).Members {
+			if m.ID == "b" {
+				return m.OnRing
+			}
+		}
+		return false
+	}
+	leaving := peerMember("b")
+	leaving.Meta.Leaving = true
+	c.members.set(leaving, peerMember("c"))
+	c.entry.v.record(c.members.Members())
+	if !c.onRing("b") || !onView() {
+		t.Fatalf("recorded, not committed: b on the ring %v, in the view %v; want both", c.onRing("b"), onView())
+	}
+	c.entry.v.commit()
+	if c.onRing("b") || onView() {
+		t.Fatalf("committed: b on the ring %v, in the view %v; want neither", c.onRing("b"), onView())
+	}
+}

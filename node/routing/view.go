@@ -605,7 +605,7 @@ func (v *view) View(points int, ready bool) View {
 		out.Members = append(out.Members, MemberView{
 			ID: id, HTTPAddr: m.Meta.HTTPAddr, GossipAddr: m.Addr, State: state, Healthy: p.Healthy, Ready: m.Meta.Ready,
 			Compatible: why == "", Reason: why, Model: m.Meta.Model, Role: cmp.Or(m.Meta.Role, RoleBoth), Fingerprint: m.Meta.Fingerprint, Hop: m.Meta.Hop,
-			OnRing: p.OnRing, RingShare: shareOf(v.ringOf(m.Meta), id),
+			OnRing: v.table.OnRing(id), RingShare: shareOf(v.ringOf(m.Meta), id),
 			Load:       map[string]int{"running": m.Meta.Running, "waiting": m.Meta.Waiting, "free_kv": m.Meta.FreeKV},
 			TokensPerS: m.Meta.Decode, Degraded: v.degraded[id], SlowHere: speed.Slow, ProbeMS: speed.ProbeMS,
 			PrefixDigest: digest(notes[m.Name]).fill(),
