@@ -766,3 +766,56 @@ func TestHostSpares(t *testing.T) {
 		t.Errorf("%d buffers of %d bytes left; want none", len(e.spare), e.spareBytes)
 	}
 }
+
+// TestFakePrefillBesideDecoding: a step's prefill slice is sized by what prefill costs,
+// not by the whole step's time. On llama.cpp a decoding row costs a step several prompt
+// tokens' time (its own pass over its history); here 10 ms against 1 ms. Measured over
+// whole steps, 8 decoding rows made prefill look 8x slower than it is, the slice shrank
+// to the least a step prefills (16 tokens), and a prompt behind 8 streams took 25 steps
+// to start: a survivor with a queue fell further behind the longer it ran. With the
+// rows' time taken out, the 100 ms slice prefills about 100 tokens a step.
+func TestFakePrefillBesideDecoding(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e, b, stop := startFake(t, func(c *Config) { c.Sequences, c.Cells = 9, 8192 })
+		defer stop()
+		b.perRow = 10 * time.Millisecond
+		bg, cancel := context.WithCancel(t.Context())
+		var streams []*Stream
+		for i := range 8 {
+			st, err := e.Submit(bg, infer.Request{SessionID: fmt.Sprint("bg", i), Prompt: fmt.Sprint("background ", i),
+				MaxTokens: 2000, Sampling: infer.Greedy()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			streams = append(streams, st)
+		}
+		for _, st := range streams { // all decoding
+			if _, err := st.Recv(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ttft := func(key string, words int) time.Duration {
+			start := time.Now()
+			st, err := e.Submit(t.Context(), infer.Request{SessionID: key, Prompt: strings.Repeat("w ", words), MaxTokens: 1, Sampling: infer.Greedy()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			st.Collect()
+			return time.Since(start)
+		}
+		for i := range 6 { // the engine measures prefill beside the decoding rows
+			ttft(fmt.Sprint("warm", i), 100)
+		}
+		// 400 tokens at 1 ms each: four steps of 100 beside the rows' 88 ms (about
+		// 0.8 s); sized by whole steps, 25 of 16 tokens (2.6 s).
+		got := ttft("probe", 400)
+		t.Logf("first token of a 400-token prompt beside 8 decoding streams: %v", got)
+		if got > 1500*time.Millisecond {
+			t.Errorf("a 400-token prompt beside 8 decoding streams started after %v, want about 0.8 s (100 tokens a step)", got)
+		}
+		cancel()
+		for _, st := range streams {
+			st.Collect()
+		}
+	})
+}
