@@ -40,6 +40,7 @@ func (m *Mover) HandOff(ctx context.Context, leaving bool) (moved, failed int) {
 		}
 		switch peer, err := m.Push(ctx, key, why); {
 		case errors.Is(err, infer.ErrNotCached): // running a turn, or evicted since: nothing to move
+		case errors.Is(err, ErrNoOwner): // the ring's last node: no one to move it to
 		case errors.Is(err, ErrRecompute):
 			m.log.Debug("hand-off: the owner recomputes it", "session", key, "err", err)
 		case err != nil:

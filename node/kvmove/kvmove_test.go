@@ -179,6 +179,15 @@ func TestHandOffLeavesPlaced(t *testing.T) {
 	}
 }
 
+// TestHandOffAlone: the ring's last node leaving has no one to hand its conversations to:
+// nothing moves and nothing failed (it used to warn once a conversation).
+func TestHandOffAlone(t *testing.T) {
+	m := newMover(t, &fakeRing{}, &fakeLocal{held: memFrame{testFrame{size: 64, tokens: 4}}, convs: []string{"a", "b"}}, nil)
+	if moved, failed := m.HandOff(t.Context(), true); moved != 0 || failed != 0 {
+		t.Errorf("moved %d, failed %d, want neither", moved, failed)
+	}
+}
+
 // TestPushes: a replica goes, signed, to every heir (up to Replicas) on the replica path;
 // a hand-off on leaving to the first heir; a push to the owner to the owner; with no one
 // to take it, ErrNoOwner.
