@@ -48,11 +48,6 @@ type Engine struct {
 	parked  []*job // batch requests preempted for interactive work, KV copied out; oldest first
 	tick    uint64 // step counter, the LRU clock
 	stalled int    // running requests the last step left waiting for cells to grow into
-	// rowSecs is what a decoding row costs a step that prefills nothing, and sliceRate
-	// the prompt tokens a second of the rest of a step's time (moving averages; see
-	// measure): what sizes a prefill slice beside decoding rows.
-	rowSecs   float64
-	sliceRate float64
 	// hostTokens is the tokens of the conversations whose cells are in host memory (see
 	// stash), at most hostCells, in hostBytes; spare holds buffers of restored ones for
 	// the next (spareBytes of room), and cellBytes is the most a token's state has taken.

@@ -23,11 +23,10 @@ import (
 // answer to any prompt is known without the engine, however the engine batched, shared or
 // resumed it. It refuses what llama.cpp would get wrong silently: a token at a position
 // other than its sequence's next, a sequence longer than SeqCells. Each Decode takes
-// perToken a token and perRow more a row of logits of (under synctest, virtual) time.
+// perToken a token of (under synctest, virtual) time.
 type fakeBackend struct {
 	cells, seqCells int
 	perToken        time.Duration
-	perRow          time.Duration
 
 	mu      sync.Mutex
 	seqs    map[int][]int32 // each sequence's tokens, at positions 0..n-1
@@ -101,9 +100,8 @@ func (f *fakeBackend) Decode(b *Batch) error {
 		}
 	}
 	f.maxRows = max(f.maxRows, len(f.rows))
-	took := time.Duration(b.Len())*f.perToken + time.Duration(len(f.rows))*f.perRow
 	f.mu.Unlock()
-	time.Sleep(took)
+	time.Sleep(time.Duration(b.Len()) * f.perToken)
 	return nil
 }
 

@@ -476,44 +476,13 @@ func (e *Engine) unhold(s *slot) {
 	e.held.Delete(s.key)
 }
 
-// The prefill rates average steps that prefilled at least minPrefillSample tokens (fewer
-// time the step's overhead, not prefill), over about prefillWindow of them.
+// The prefill rate (Stats.PrefillRate) averages steps that prefilled at least
+// minPrefillSample tokens (fewer time the step's overhead, not prefill), over about
+// prefillWindow of them.
 const (
 	minPrefillSample = 16
 	prefillWindow    = 8
 )
-
-// average moves a moving average over about prefillWindow samples toward x (the first
-// sample sets it).
-func average(avg, x float64) float64 {
-	if avg == 0 {
-		return x
-	}
-	return avg + (x-avg)/prefillWindow
-}
-
-// measure records a step's time: Stats.PrefillRate over the whole step, decoding rows
-// and all (what a prompt gets through at the engine's load, which peers weigh against a
-// transfer), and the slice rate over the step's time less its decoding rows' (what
-// sizes a slice). On llama.cpp a decoding row costs a step several prompt tokens' time,
-// its own pass over its history: measured over whole steps, 8 rows beside 16 prompt
-// tokens made prefill look 3-8x slower than it was, the next slice shrank, and the rate
-// fell with it to minPrefillChunk a step (TestFakePrefillBesideDecoding). A step that
-// prefilled nothing prices a row. A step with rows is a sample once a row has a price,
-// unless the rows' price leaves less than an eighth of its time to prefill (the
-// remainder would be noise); until the first, slices go by Stats.PrefillRate.
-func (e *Engine) measure(stats *infer.Stats, decoding, prefill int, took time.Duration) {
-	secs := took.Seconds()
-	switch {
-	case prefill == 0 && decoding > 0:
-		e.rowSecs = average(e.rowSecs, secs/float64(decoding))
-	case prefill >= minPrefillSample:
-		stats.PrefillRate = average(stats.PrefillRate, float64(prefill)/secs)
-		if rest := secs - e.rowSecs*float64(decoding); (decoding == 0 || e.rowSecs > 0) && rest >= secs/8 {
-			e.sliceRate = average(e.sliceRate, float64(prefill)/rest)
-		}
-	}
-}
 
 // prefillAge is how many steps a prompt may wait before it is prefilled ahead of shorter
 // ones; minPrefillChunk is the least a step prefills when prompts wait, however slow the
@@ -527,10 +496,14 @@ const (
 // fed), after decoding requests took their one token each. Shortest remaining prompt first:
 // a short prompt that arrives behind a long one, or early in a burst, gets its first token
 // after a step or two instead of after the whole backlog. While requests decode or other
-// prompts wait, a step prefills only what the measured slice rate (see measure) gets
-// through in Config.PrefillSlice, so a long prompt does not hold up every running
+// prompts wait, a step prefills only what the measured prefill rate (Stats.PrefillRate)
+// gets through in Config.PrefillSlice, so a long prompt does not hold up every running
 // stream's next token and the short prompts behind it (a lone prompt gets the whole
-// batch). A prompt that has waited prefillAge steps goes first, so a stream of short
+// batch). The rate counts the decoding rows' time too, so a step that prefills beside
+// them settles at about the slice in all, rows included (where decoding rows alone take
+// longer, it prefills minPrefillChunk): the slice bounds the streams' gap, not only the
+// prefill's share (sizing it by prefill alone was measured: docs/BENCHMARKS.md, "Slices
+// sized by prefill alone"). A prompt that has waited prefillAge steps goes first, so a stream of short
 // arrivals cannot starve a long one. A prompt after the first is started in a step only
 // whole, or with at least half the step's budget: a sliver of it would hold back the
 // first tokens of the prompts before it (and every stream's next token) for work that
@@ -630,7 +603,7 @@ func (e *Engine) step(stats *infer.Stats) {
 	}
 	stats.MaxDecoding = max(stats.MaxDecoding, decoding)
 	e.stalled = len(stalled)
-	for _, j := range e.prefillOrder(decoding, cmp.Or(e.sliceRate, stats.PrefillRate)) {
+	for _, j := range e.prefillOrder(decoding, stats.PrefillRate) {
 		for i, tok := range j.pending[:j.fed] {
 			last := i == len(j.pending)-1
 			idx := b.Add(tok, len(j.slot.tokens)+i, j.slot.seq, last || j.req.PromptLogprobs)
@@ -656,8 +629,12 @@ func (e *Engine) step(stats *infer.Stats) {
 	err := e.b.Decode(b)
 	took := time.Since(start)
 	stats.StepTimeMicros += uint64(took.Microseconds())
-	if err == nil {
-		e.measure(stats, decoding, b.Len()-decoding, took)
+	if prefill := b.Len() - decoding; err == nil && prefill >= minPrefillSample {
+		rate := float64(prefill) / took.Seconds()
+		if stats.PrefillRate == 0 {
+			stats.PrefillRate = rate
+		}
+		stats.PrefillRate += (rate - stats.PrefillRate) / prefillWindow
 	}
 	stats.Steps++
 	stats.BatchedTokens += uint64(b.Len())
