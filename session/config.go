@@ -38,8 +38,9 @@ type Config struct {
 	// chunks. Default 512.
 	BatchSize int
 	// PrefillSlice bounds how long one step may spend prefilling while requests decode
-	// or several prompts wait, at the measured prefill rate (shortest prompt first; a
-	// lone prompt may use the whole batch). Shorter gives decoding streams steadier
+	// or several prompts wait, at the prefill rate measured over whole steps (so beside
+	// decoding rows it bounds about the whole step; shortest prompt first; a lone prompt
+	// may use the whole batch). Shorter gives decoding streams steadier
 	// tokens and short prompts behind long ones their first tokens sooner; longer spends
 	// less on step overhead. Default 100ms (docs/BENCHMARKS.md).
 	PrefillSlice time.Duration
