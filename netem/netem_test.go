@@ -306,7 +306,10 @@ func TestDelay(t *testing.T) {
 		if diff := (added - tc.shape.Delay).Abs(); diff > tc.shape.Delay/10 {
 			t.Errorf("%v: added %v", tc.shape, added)
 		}
-		if diff := (spread - tc.shape.Jitter).Abs(); diff > tc.shape.Jitter/5 {
+		// At least half a millisecond: the userspace queue's own release noise on a loaded
+		// machine (a make test run measured 1.35 ms for 1 ms of jitter at 5 ms; none, or
+		// twice the jitter, still fails).
+		if diff := (spread - tc.shape.Jitter).Abs(); diff > max(tc.shape.Jitter/5, time.Millisecond/2) {
 			t.Errorf("%v: added spread %v", tc.shape, spread)
 		}
 		// Medians: a shape of 5 ms or more moves every handshake it touches, and one
