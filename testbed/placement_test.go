@@ -35,6 +35,13 @@ func TestPlacementByLoad(t *testing.T) {
 	convs := make([][]message, 12)
 	for i := range convs {
 		convs[i] = []message{{"system", fmt.Sprintf("placed %d", i)}, {"user", "where does the river run"}}
+		// The turn before must have left idle's engine: counted running still, it raises
+		// the load the owner may decline above to busy's own (a clean-clone run saw
+		// conversation 5 served on busy).
+		poll.Until(t, 5*time.Second, "idle's engine to run nothing", func() bool {
+			v, err := c.Metric(idle, "infernode_running_sequences")
+			return err == nil && v == 0
+		})
 		a := chat(t, idle.URL(), convs[i], 4)
 		if a.status != 200 || a.node != idle.ID {
 			t.Errorf("new conversation %d: status %d, served by %s while %s is busy, want %s", i, a.status, a.node, busy.ID, idle.ID)
