@@ -507,8 +507,8 @@ const (
 // stream of short arrivals cannot starve a long one. A prompt after the first is started
 // in a step only whole, or with at least half the step's budget: a sliver of it would
 // hold back the first tokens of the prompts before it (and every stream's next token) for
-// work that yields no token this step. (A wave of 8 equal prompts of 65 tokens with a budget of 70
-// gets its k-th first token after k steps of 65 tokens, not of 70.)
+// work that yields no token this step. (A wave of 8 equal prompts of 65 tokens with a
+// budget of 70 gets its k-th first token after k steps of 65 tokens, not of 70.)
 func (e *Engine) prefillOrder(decoding int, rate float64) []*job {
 	var ps []*job
 	for _, j := range e.jobs {
