@@ -122,7 +122,7 @@ func (r *releases) Pop() any {
 }
 
 func (h *Host) queueDelay(s Shape, to []*Host) error {
-	dests := []string{Subnet}
+	dests := []string{h.t.Subnet}
 	if len(to) > 0 {
 		dests = dests[:0]
 		for _, o := range to {
@@ -138,7 +138,7 @@ func (h *Host) queueDelay(s Shape, to []*Host) error {
 	}
 	// iptables-legacy: the xtables NFQUEUE target, which kernels without nftables' queue
 	// expression still have. What goes to the driver on the bridge is never delayed.
-	rules := [][]string{{"-d", DriverIP, "-j", "ACCEPT"}}
+	rules := [][]string{{"-d", h.t.DriverIP, "-j", "ACCEPT"}}
 	if len(h.delayers) > 0 {
 		rules = nil // there already
 	}

@@ -2,10 +2,12 @@
 // them on purpose: one network namespace per node, joined by veth pairs to a bridge, with
 // partitions, packet loss and bandwidth caps set and healed at run time.
 //
-// Addresses come from 10.77.0.0/24, which exists only on the bridge and inside the
-// namespaces netem creates: the bridge (where the test driver lives) is 10.77.0.1, node i
-// is 10.77.0.(10+i). Every object netem creates is named with a prefix ("inf" by default)
-// so Cleanup can remove leftovers of a killed run.
+// Each topology takes a /24 of 10.77.0.0/16 that nothing on the machine uses yet
+// (Topology.Subnet), which exists only on its bridge and inside its namespaces: the bridge
+// (where the test driver lives, Topology.DriverIP) is 10.77.X.1, node i is 10.77.X.(10+i).
+// So two topologies, or one and another run's leftovers, never share a subnet. Every object
+// netem creates is named with a prefix ("inf" by default) so Cleanup can remove leftovers
+// of a killed run.
 //
 // Backends: partitions and loss use nftables in the node's namespace (loss with numgen
 // random), bandwidth uses the tbf qdisc. Delay and jitter use sch_netem where the kernel

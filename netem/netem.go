@@ -6,18 +6,21 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+
+	"golang.org/x/sys/unix"
 )
 
-// Subnet is the test range. It exists only on netem's bridge and in its namespaces.
-// DriverIP is the bridge's own address, where the test driver reaches the hosts from.
-const (
-	Subnet   = "10.77.0.0/24"
-	DriverIP = "10.77.0.1"
-)
+// testRange is where topologies take their subnets: one /24 each, 10.77.X.0/24.
+const testRange = "10.77."
+
+// inTestRange finds the X of every 10.77.X.Y in ip's listings.
+var inTestRange = regexp.MustCompile(`(?m)(?:^|[^0-9.])10\.77\.(\d+)\.`)
 
 // ErrUnsupported means this kernel or machine cannot apply a fault.
 var ErrUnsupported = errors.New("netem: not supported on this machine")
@@ -40,11 +43,16 @@ func Available() error {
 	return nil
 }
 
-// Topology is a bridge and one namespace per node.
+// Topology is a bridge and one namespace per node, on a /24 of its own.
 type Topology struct {
 	prefix string
 	bridge string
 	Nodes  []*Host
+
+	// Subnet is the topology's range: it exists only on its bridge and in its namespaces.
+	// DriverIP is the bridge's own address, where the test driver reaches the hosts from.
+	Subnet   string
+	DriverIP string
 
 	mu     sync.Mutex
 	closed bool
@@ -77,19 +85,19 @@ func New(prefix string, n int) (*Topology, error) {
 	}
 	Cleanup(prefix)
 	t := &Topology{prefix: prefix, bridge: prefix + "br0"}
-	steps := [][]string{
-		{"ip", "link", "add", t.bridge, "type", "bridge"},
-		{"ip", "addr", "add", DriverIP + "/24", "dev", t.bridge},
-		{"ip", "link", "set", t.bridge, "up"},
+	if err := run("ip", "link", "add", t.bridge, "type", "bridge"); err != nil {
+		return nil, err
 	}
-	for _, s := range steps {
-		if err := run(s...); err != nil {
-			t.Close()
-			return nil, err
-		}
+	pre, err := t.claimSubnet()
+	if err == nil {
+		err = run("ip", "link", "set", t.bridge, "up")
+	}
+	if err != nil {
+		t.Close()
+		return nil, err
 	}
 	for i := range n {
-		h := &Host{Index: i, NS: fmt.Sprintf("%s-n%d", prefix, i+1), IP: fmt.Sprintf("10.77.0.%d", 10+i+1),
+		h := &Host{Index: i, NS: fmt.Sprintf("%s-n%d", prefix, i+1), IP: fmt.Sprintf("%s%d", pre, 10+i+1),
 			veth: fmt.Sprintf("%sv%d", prefix, i+1), t: t}
 		steps := [][]string{
 			{"ip", "netns", "add", h.NS},
@@ -112,6 +120,47 @@ func New(prefix string, n int) (*Topology, error) {
 		t.Nodes = append(t.Nodes, h)
 	}
 	return t, nil
+}
+
+// claimSubnet gives the bridge the first 10.77.X.0/24 that no address or route on this
+// machine is in, and returns its "10.77.X." prefix. Two bridges on one subnet break the
+// driver: its answers to one topology's hosts leave by the other's bridge, and their
+// connections to it time out (TestTopologiesSideBySide; a CI run's netem tests failed
+// so, most likely beside a killed run's leftover bridge). A lock
+// file keeps two processes building topologies at once from taking the same subnet.
+func (t *Topology) claimSubnet() (string, error) {
+	lock, err := os.OpenFile(filepath.Join(os.TempDir(), "infernode-netem.lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return "", fmt.Errorf("netem: subnet lock: %w", err)
+	}
+	defer lock.Close() // releases the lock
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX); err != nil {
+		return "", fmt.Errorf("netem: subnet lock: %w", err)
+	}
+	addrs, err := exec.Command("ip", "-o", "-4", "addr", "show").Output()
+	if err != nil {
+		return "", fmt.Errorf("netem: list addresses: %w", err)
+	}
+	routes, err := exec.Command("ip", "-o", "-4", "route", "show", "table", "all").Output()
+	if err != nil {
+		return "", fmt.Errorf("netem: list routes: %w", err)
+	}
+	used := map[string]bool{}
+	for _, m := range inTestRange.FindAllStringSubmatch(string(addrs)+string(routes), -1) {
+		used[m[1]] = true
+	}
+	for x := range 256 {
+		if used[strconv.Itoa(x)] {
+			continue
+		}
+		pre := fmt.Sprintf("%s%d.", testRange, x)
+		if err := run("ip", "addr", "add", pre+"1/24", "dev", t.bridge); err != nil {
+			return "", err
+		}
+		t.Subnet, t.DriverIP = pre+"0/24", pre+"1"
+		return pre, nil
+	}
+	return "", fmt.Errorf("netem: every /24 of %s0.0/16 is taken on this machine", testRange)
 }
 
 // Close removes everything the topology created. It is safe to call twice.
@@ -184,7 +233,7 @@ func (h *Host) DropTo(o *Host) error {
 // Loss drops percent of the packets the host sends to other hosts (not to the driver on
 // the bridge).
 func (h *Host) Loss(percent int) error {
-	match := fmt.Sprintf("add rule inet netem out ip daddr %s ip daddr != %s", Subnet, DriverIP)
+	match := fmt.Sprintf("add rule inet netem out ip daddr %s ip daddr != %s", h.t.Subnet, h.t.DriverIP)
 	switch {
 	case percent < 0 || percent > 100:
 		return fmt.Errorf("netem: loss must be 0..100%%, got %d", percent)
