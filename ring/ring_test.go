@@ -278,8 +278,8 @@ func TestTable(t *testing.T) {
 		t.Errorf("a dead peer stayed on the ring: %s", ring())
 	}
 	peers := tbl.Peers()
-	if len(peers) != 1 || peers[0].ID != "c" || peers[0].OnRing {
-		t.Errorf("Peers() = %+v", peers)
+	if len(peers) != 1 || peers[0].ID != "c" || tbl.OnRing("c") {
+		t.Errorf("Peers() = %+v, c on the ring %v", peers, tbl.OnRing("c"))
 	}
 }
 

@@ -21,8 +21,7 @@ type Facts struct {
 type Peer struct {
 	ID      string
 	Facts   Facts
-	Healthy bool // by this node's own checks, with hysteresis
-	OnRing  bool
+	Healthy bool // by this node's own checks, with hysteresis (on a ring or not: Table.OnRing)
 	// Pending: alive, ready and compatible, serving this node's model, but never yet
 	// healthy by this node's checks (first seen, its first checks to come).
 	Pending bool
@@ -185,8 +184,6 @@ func (t *Table) Models() []string {
 	return out
 }
 
-// Peers lists every known peer, sorted by id (the node itself not included). OnRing is
-// as of the last Commit.
 // Healthy reports whether peer id is up by this node's checks (whether or not it is on a
 // ring: a peer that owns nothing is checked all the same).
 func (t *Table) Healthy(id string) bool {
@@ -196,14 +193,14 @@ func (t *Table) Healthy(id string) bool {
 	return ok && e.health.Up()
 }
 
+// Peers lists every known peer, sorted by id (the node itself not included).
 func (t *Table) Peers() []Peer {
-	rings := *t.rings.Load()
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	out := make([]Peer, 0, len(t.peers))
 	for id, e := range t.peers {
 		f := e.facts
-		out = append(out, Peer{ID: id, Facts: f, Healthy: e.health.Up(), OnRing: rings[f.Model].Has(id),
+		out = append(out, Peer{ID: id, Facts: f, Healthy: e.health.Up(),
 			Pending: f.Alive && f.Ready && f.Compatible && f.Model == "" && !e.wasUp})
 	}
 	slices.SortFunc(out, func(a, b Peer) int { return strings.Compare(a.ID, b.ID) })
