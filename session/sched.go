@@ -499,7 +499,10 @@ const (
 // prompts wait, a step prefills only what the measured prefill rate (Stats.PrefillRate)
 // gets through in Config.PrefillSlice, so a long prompt does not hold up every running
 // stream's next token and the short prompts behind it (a lone prompt gets the whole
-// batch). The rate counts the decoding rows' time too, so a step that prefills beside
+// batch). Not while an interactive request waits for admission, though: then a prompt
+// holds a sequence that the queue needs until its first token, and sliced it held one
+// for seconds (a survivor after a kill, docs/BENCHMARKS.md, "Prefill whole while requests
+// queue"), so the step prefills what the batch holds, as ollama's does. The rate counts the decoding rows' time too, so a step that prefills beside
 // them settles at about the slice in all, rows included (where decoding rows alone take
 // longer, it prefills minPrefillChunk): the slice bounds the streams' gap, not only the
 // prefill's share (sizing it by prefill alone was measured: docs/BENCHMARKS.md, "Slices
@@ -517,7 +520,7 @@ func (e *Engine) prefillOrder(decoding int, rate float64) []*job {
 		}
 	}
 	budget := e.batch.Cap() - decoding
-	if (decoding > 0 || len(ps) > 1) && rate > 0 {
+	if (decoding > 0 || len(ps) > 1) && rate > 0 && !e.queued() {
 		budget = min(budget, max(minPrefillChunk, int(rate*e.cfg.PrefillSlice.Seconds())))
 	}
 	old := func(j *job) bool { return e.tick-j.since >= prefillAge }
@@ -547,6 +550,14 @@ func (e *Engine) prefillOrder(decoding int, rate float64) []*job {
 		budget -= j.fed
 	}
 	return ps
+}
+
+// queued reports whether an interactive request waits to be admitted: every sequence
+// runs, or the cells are spoken for.
+func (e *Engine) queued() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return slices.ContainsFunc(e.waiting, func(j *job) bool { return !j.req.Batch })
 }
 
 // catchUp moves every prompt still being prefilled onto the cells of a longer beginning

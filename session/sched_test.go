@@ -152,6 +152,7 @@ func TestPrefillOrder(t *testing.T) {
 		tick     uint64
 		jobs     []spec
 		decoding int
+		queued   bool     // an interactive request waits for admission
 		rate     float64  // measured prefill tokens/s; 0 means 1,280, -1 none measured
 		want     [][2]int // job index, tokens fed
 	}{
@@ -174,6 +175,8 @@ func TestPrefillOrder(t *testing.T) {
 			want: [][2]int{{1, 511}}},
 		{name: "no rate measured yet: the batch", jobs: []spec{{1, 0, 3}, {900, 0, 0}}, decoding: 1, rate: -1,
 			want: [][2]int{{1, 511}}},
+		{name: "while a request queues for admission, the batch", jobs: []spec{{1, 0, 3}, {900, 0, 0}}, decoding: 1, queued: true,
+			want: [][2]int{{1, 511}}},
 		{name: "the batch holds whole prompts too", jobs: []spec{{400, 0, 0}, {300, 0, 0}}, rate: 1e6,
 			want: [][2]int{{1, 300}}},
 	} {
@@ -181,6 +184,9 @@ func TestPrefillOrder(t *testing.T) {
 			e := &Engine{cfg: Config{PrefillSlice: 100 * time.Millisecond}, tick: tc.tick, batch: NewBatch(512)}
 			for _, sp := range tc.jobs {
 				e.jobs = append(e.jobs, &job{pending: prompt(sp.pending), since: sp.since, gen: sp.gen})
+			}
+			if tc.queued {
+				e.waiting = []*job{{}}
 			}
 			var got [][2]int
 			rate := tc.rate
