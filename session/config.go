@@ -39,8 +39,8 @@ type Config struct {
 	BatchSize int
 	// PrefillSlice bounds how long one step may spend prefilling while requests decode
 	// or several prompts wait, at the prefill rate measured over whole steps (so beside
-	// decoding rows it bounds about the whole step; shortest prompt first; a lone prompt
-	// may use the whole batch). Shorter gives decoding streams steadier tokens and short
+	// decoding rows it bounds about the whole step; shortest prompt first; a lone prompt,
+	// or any while a request waits for admission, may use the whole batch). Shorter gives decoding streams steadier tokens and short
 	// prompts behind long ones their first tokens sooner; longer spends less on step
 	// overhead. Default 100ms (docs/BENCHMARKS.md).
 	PrefillSlice time.Duration

@@ -131,7 +131,7 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&ec.Sequences, "sequences", ec.Sequences, "requests run at once (prefilled or decoded in the same steps)")
 	fs.IntVar(&ec.Conversations, "conversations", ec.Conversations, "conversations held at once, running or cached for their next turn (0: 4x --sequences with --kv-unified, else --sequences)")
 	fs.IntVar(&ec.BatchSize, "batch", ec.BatchSize, "tokens per decode step")
-	fs.DurationVar(&ec.PrefillSlice, "prefill-slice", ec.PrefillSlice, "longest a step prefills while others decode or wait, at the measured rate (shortest prompt first)")
+	fs.DurationVar(&ec.PrefillSlice, "prefill-slice", ec.PrefillSlice, "longest a step prefills while others decode or wait, at the measured rate (shortest prompt first; not while requests queue for admission)")
 	fs.IntVar(&ec.Threads, "threads", ec.Threads, "CPU threads for inference")
 	fs.BoolVar(&ec.UnifiedKV, "kv-unified", ec.UnifiedKV, "one KV pool shared by all sequences (false: fixed partitions)")
 	fs.BoolVar(&ec.HostKV, "kv-host", ec.HostKV, "move idle conversations' KV cells out of the unified pool into host memory until their next turn")
