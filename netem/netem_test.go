@@ -284,8 +284,10 @@ func meanSD(ds []time.Duration) (mean, sd time.Duration) {
 
 // Delay adds what was asked to a host's packets to the hosts chosen, and no more: the
 // added round trip of TCP handshakes within 10% of the delay and the width of their middle
-// half within 20% of the shape's, at 5, 50 and 200ms, with either backend. (Released by Go's timers, whose
-// sleep is in whole milliseconds, the userspace queue added 5.7-5.9 ms for 5.)
+// half within 20% of the shape's, at 5, 50 and 200ms, with either backend. (Released by
+// Go's timers, whose sleep is in whole milliseconds, the userspace queue added 5.7-5.9 ms
+// for 5.) It needs one core free: with both busy (two `yes` loops) the queue released
+// late, 5 ms added 5.5-5.9 ms, and the middle half was 1.8-2.2 ms wide for 1.4.
 func TestDelay(t *testing.T) {
 	topo := topology(t, "infd", 3)
 	a, b, c := topo.Nodes[0], topo.Nodes[1], topo.Nodes[2]

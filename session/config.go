@@ -40,9 +40,10 @@ type Config struct {
 	// PrefillSlice bounds how long one step may spend prefilling while requests decode
 	// or several prompts wait, at the prefill rate measured over whole steps (so beside
 	// decoding rows it bounds about the whole step; shortest prompt first; a lone prompt,
-	// or any while a request waits for admission, may use the whole batch). Shorter gives decoding streams steadier tokens and short
-	// prompts behind long ones their first tokens sooner; longer spends less on step
-	// overhead. Default 100ms (docs/BENCHMARKS.md).
+	// or any while a request waits for admission, may use the whole batch). Shorter
+	// gives decoding streams steadier tokens and short prompts behind long ones their
+	// first tokens sooner; longer spends less on step overhead. Default 100ms
+	// (docs/BENCHMARKS.md).
 	PrefillSlice time.Duration
 	// Threads is the number of CPU threads llama.cpp uses. Default: all CPUs.
 	Threads int

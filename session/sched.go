@@ -502,15 +502,16 @@ const (
 // batch). Not while an interactive request waits for admission, though: then a prompt
 // holds a sequence that the queue needs until its first token, and sliced it held one
 // for seconds (a survivor after a kill, docs/BENCHMARKS.md, "Prefill whole while requests
-// queue"), so the step prefills what the batch holds, as ollama's does. The rate counts the decoding rows' time too, so a step that prefills beside
-// them settles at about the slice in all, rows included (where decoding rows alone take
-// longer, it prefills minPrefillChunk): the slice bounds the streams' gap, not only the
-// prefill's share (sizing it by prefill alone was measured: docs/BENCHMARKS.md, "Slices
-// sized by prefill alone"). A prompt that has waited prefillAge steps goes first, so a
-// stream of short arrivals cannot starve a long one. A prompt after the first is started
-// in a step only whole, or with at least half the step's budget: a sliver of it would
-// hold back the first tokens of the prompts before it (and every stream's next token) for
-// work that yields no token this step. (A wave of 8 equal prompts of 65 tokens with a
+// queue"), so the step prefills what the batch holds, as ollama's does. The rate counts
+// the decoding rows' time too, so a step that prefills beside them settles at about the
+// slice in all, rows included (where decoding rows alone take longer, it prefills
+// minPrefillChunk): the slice bounds the streams' gap, not only the prefill's share
+// (sizing it by prefill alone was measured: docs/BENCHMARKS.md, "Slices sized by prefill
+// alone"). A prompt that has waited prefillAge steps goes first, so a stream of short
+// arrivals cannot starve a long one. A prompt after the first is started in a step only
+// whole, or with at least half the step's budget: a sliver of it would hold back the
+// first tokens of the prompts before it (and every stream's next token) for work that
+// yields no token this step. (A wave of 8 equal prompts of 65 tokens with a
 // budget of 70 gets its k-th first token after k steps of 65 tokens, not of 70.)
 func (e *Engine) prefillOrder(decoding int, rate float64) []*job {
 	var ps []*job
