@@ -126,8 +126,8 @@ func New(prefix string, n int) (*Topology, error) {
 // machine is in, and returns its "10.77.X." prefix. Two bridges on one subnet break the
 // driver: its answers to one topology's hosts leave by the other's bridge, and their
 // connections to it time out (TestTopologiesSideBySide; a CI run's netem tests failed
-// so, most likely beside a killed run's leftover bridge). A lock
-// file keeps two processes building topologies at once from taking the same subnet.
+// so, most likely beside a killed run's leftover bridge). A lock file keeps two
+// processes building topologies at once from taking the same subnet.
 func (t *Topology) claimSubnet() (string, error) {
 	lock, err := os.OpenFile(filepath.Join(os.TempDir(), "infernode-netem.lock"), os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {

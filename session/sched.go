@@ -553,8 +553,8 @@ func (e *Engine) prefillOrder(decoding int, rate float64) []*job {
 	return ps
 }
 
-// queued reports whether an interactive request waits to be admitted: every sequence
-// runs, or the cells are spoken for.
+// queued reports whether an interactive request waits to be admitted: the step's admit
+// left it (every sequence runs, or the cells are spoken for), or it came in since.
 func (e *Engine) queued() bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
