@@ -108,7 +108,7 @@ func loadLlama(cfg Config) (*llamaBackend, error) {
 		return nil, err
 	}
 	ctx, err := llama.NewContext(model, llama.ContextParams{
-		Cells: cfg.Cells, Sequences: cfg.conversations(), Batch: cfg.BatchSize, Threads: cfg.Threads,
+		Cells: cfg.Cells, Sequences: cfg.seqIDs(), Batch: cfg.BatchSize, Threads: cfg.Threads,
 		Unified: cfg.UnifiedKV, KVType: cfg.KVType, FlashAttn: cfg.FlashAttn,
 	})
 	if err != nil {

@@ -32,7 +32,9 @@ type Config struct {
 	// that a node serving more conversations than it runs at once (a survivor taking over
 	// a dead peer's, replicas beside its own) keeps their histories for as long as cells
 	// and host memory hold them, not only Sequences of them. Without a unified pool each
-	// sequence has its own partition of the cells, and it is Sequences.
+	// running sequence has its own partition of the cells: with HostKV the conversations
+	// take turns in the partitions (0 means 4x Sequences again), without it there are
+	// Sequences of them.
 	Conversations int
 	// BatchSize is the most tokens one step decodes: one per running sequence plus prefill
 	// chunks. Default 512.
@@ -85,7 +87,9 @@ type Config struct {
 	// comes (a copy of tens of megabytes, against a prefill of its history). Every token
 	// a step decodes reads the pool's whole used range of cells, idle conversations' too
 	// (docs/BENCHMARKS.md, "the idle histories' cells"), so cached histories slow every
-	// stream beside them. Default true.
+	// stream beside them. Without a unified pool it moves an idle conversation out of its
+	// partition only when another conversation needs the partition (see Conversations).
+	// Default true.
 	HostKV bool
 	// HostCells is the most tokens whose KV HostKV keeps in host memory: the KV pool's
 	// memory again when 0 (the default), as Cells is.
@@ -130,12 +134,22 @@ const maxSeqs = 256
 // conversations is Conversations with its default applied (see Conversations).
 func (c Config) conversations() int {
 	switch {
-	case !c.UnifiedKV:
+	case !c.UnifiedKV && !c.HostKV:
 		return c.Sequences
 	case c.Conversations == 0:
 		return min(4*c.Sequences, maxSeqs)
 	}
 	return c.Conversations
+}
+
+// seqIDs is how many sequence ids llama.cpp's context has: one a conversation in a unified
+// pool, one a partition without (a conversation holds one while it runs or its cells are
+// in the pool: see Engine.seqFor).
+func (c Config) seqIDs() int {
+	if c.UnifiedKV {
+		return c.conversations()
+	}
+	return c.Sequences
 }
 
 // Validate reports every problem with c at once.
@@ -146,8 +160,8 @@ func (c Config) Validate() error {
 	check(c.Sequences >= 1 && c.Sequences <= maxSeqs, "sequences must be in [1, %d], got %d", maxSeqs, c.Sequences)
 	check(c.Conversations == 0 || c.Conversations >= c.Sequences && c.Conversations <= maxSeqs,
 		"conversations must be 0 or in [sequences %d, %d], got %d", c.Sequences, maxSeqs, c.Conversations)
-	check(c.UnifiedKV || c.Conversations == 0 || c.Conversations == c.Sequences,
-		"conversations %d must be sequences %d without a unified pool (each has its own partition)", c.Conversations, c.Sequences)
+	check(c.UnifiedKV || c.HostKV || c.Conversations == 0 || c.Conversations == c.Sequences,
+		"conversations %d must be sequences %d without a unified pool or host memory (each has its own partition)", c.Conversations, c.Sequences)
 	check(c.BatchSize >= c.Sequences, "batch size %d must be at least the number of sequences %d", c.BatchSize, c.Sequences)
 	check(c.Cells >= 16, "KV cells must be at least 16, got %d", c.Cells)
 	check(c.UnifiedKV || c.Cells/max(c.Sequences, 1) >= 16,

@@ -63,10 +63,10 @@ type Engine struct {
 	closeOnce sync.Once
 }
 
-// slot is one llama.cpp sequence: a conversation's cached tokens, whose KV occupies cells
-// at positions 0..len(tokens)-1.
+// slot is a conversation's place in the engine: its cached tokens, whose KV occupies cells
+// at positions 0..len(tokens)-1 of llama.cpp sequence seq (or lies in host memory).
 type slot struct {
-	seq      int
+	seq      int    // its own in a unified pool; a partition's, or -1 for none, without (see seqFor)
 	key      string // conversation id; "" when anonymous
 	tokens   []int32
 	job      *job // running request, or nil when idle
@@ -172,7 +172,11 @@ func newEngine(cfg Config, b Backend, log *slog.Logger) *Engine {
 		stopped:   make(chan struct{}),
 	}
 	for i := range cfg.conversations() {
-		e.slots = append(e.slots, &slot{seq: i})
+		seq := i
+		if i >= cfg.seqIDs() {
+			seq = -1 // a partition comes when it runs (see seqFor)
+		}
+		e.slots = append(e.slots, &slot{seq: seq})
 	}
 	e.publishStats(&infer.Stats{})
 	log.Info("engine created", "cells", e.cells, "seq_cells", e.seqCells, "sequences", cfg.Sequences,

@@ -133,6 +133,39 @@ func TestPrefixReuseMatchesCold(t *testing.T) {
 	}
 }
 
+// TestPartitionsTakeTurns: without a unified pool, three conversations in two partitions
+// take turns in them through host memory (a history restored into another partition than
+// it left), and each next turn finds its history cached and answers exactly as an engine
+// that prefills it from nothing.
+func TestPartitionsTakeTurns(t *testing.T) {
+	partitioned := func(c *Config) { c.UnifiedKV, c.Sequences = false, 2 }
+	e := startEngine(t, partitioned)
+	cold := startEngine(t, partitioned)
+	turn := func(words string) string {
+		return "<|im_start|>user\n" + strings.Repeat(words, 12) + "<|im_end|>\n<|im_start|>assistant\n"
+	}
+	first := map[string]string{"a": turn("the quiet river runs to the sea "), "b": turn("a red fox jumps over the fence "),
+		"c": turn("snow falls on the old stone bridge ")}
+	keys := []string{"a", "b", "c"}
+	prompted := map[string]int{}
+	next := map[string]string{}
+	for _, k := range keys {
+		text, res := generate(t, e, greedy(k, first[k], 12))
+		prompted[k] = res.PromptTokens
+		next[k] = first[k] + text + "<|im_end|>\n<|im_start|>user\nand then what<|im_end|>\n<|im_start|>assistant\n"
+	}
+	for _, k := range keys {
+		warm, res := generate(t, e, greedy(k, next[k], 12))
+		want, _ := generate(t, cold, greedy("cold-"+k, next[k], 12))
+		if res.CachedTokens < prompted[k]-1 || warm != want {
+			t.Errorf("%s's next turn: %d cached, %q; want at least %d, %q", k, res.CachedTokens, warm, prompted[k]-1, want)
+		}
+	}
+	if st := e.Stats(); st.HostMoves < 3 || st.Evictions != 0 || st.Conversations != 3 {
+		t.Errorf("%d moved to host memory, %d evicted, %d held; want at least 3, 0, 3", st.HostMoves, st.Evictions, st.Conversations)
+	}
+}
+
 // TestSharedPrefix: a conversation that begins as another did (a system prompt) prefills
 // only what differs, on the other's cells, and answers exactly as from nothing; its own
 // cache stays its own.

@@ -8,6 +8,7 @@ import (
 	"hash/fnv"
 	"io"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -26,6 +27,7 @@ import (
 // perToken a token of (under synctest, virtual) time.
 type fakeBackend struct {
 	cells, seqCells int
+	seqIDs          int // the sequence ids the context has: 0..seqIDs-1 (0: any)
 	perToken        time.Duration
 
 	mu      sync.Mutex
@@ -34,6 +36,9 @@ type fakeBackend struct {
 	decodes int
 	maxRows int   // the most rows of logits one Decode produced
 	fail    error // the next Decode fails with it
+	// scattered counts the Decodes of one token a sequence that llama.cpp would split
+	// into more than one pass over the weights (see passes): partitions only.
+	scattered int
 }
 
 const (
@@ -90,6 +95,7 @@ func (f *fakeBackend) Decode(b *Batch) error {
 	clear(f.rows)
 	for i, tok := range b.Tokens {
 		seq, pos := b.Seq[i], b.Pos[i]
+		f.checkSeq(seq)
 		if pos != len(f.seqs[seq]) || pos >= f.seqCells {
 			f.mu.Unlock()
 			return fmt.Errorf("fake: token %d of sequence %d at position %d, its next is %d (of %d)", i, seq, pos, len(f.seqs[seq]), f.seqCells)
@@ -100,9 +106,59 @@ func (f *fakeBackend) Decode(b *Batch) error {
 		}
 	}
 	f.maxRows = max(f.maxRows, len(f.rows))
+	if f.seqIDs > 0 && f.seqCells < f.cells && passes(b.Seq) > 1 && len(slices.Compact(slices.Sorted(slices.Values(b.Seq)))) == len(b.Seq) {
+		f.scattered++
+	}
 	f.mu.Unlock()
 	time.Sleep(time.Duration(b.Len()) * f.perToken)
 	return nil
+}
+
+// passes is how many micro-batches llama.cpp splits a batch over partitions into
+// (llama_batch_allocr::split_equal, sequential, as llama_kv_cache::init_batch asks with
+// more than one stream), each a pass over the weights: from the first token not yet
+// taken, the sequences of consecutive ids that follow it in the batch, an equal number
+// of tokens from each.
+func passes(seqs []int) int {
+	left := map[int]int{}
+	for _, s := range seqs {
+		left[s]++
+	}
+	used := make([]bool, len(seqs))
+	n := 0
+	for slices.Contains(used, false) {
+		var set []int
+		for i, s := range seqs {
+			if !used[i] && !slices.Contains(set, s) && (len(set) == 0 || s == set[len(set)-1]+1) {
+				set = append(set, s)
+			}
+		}
+		take := len(seqs)
+		for _, s := range set {
+			take = min(take, left[s])
+		}
+		for _, s := range set {
+			k := take
+			for i := range seqs {
+				if k > 0 && !used[i] && seqs[i] == s {
+					used[i], k = true, k-1
+				}
+			}
+			left[s] -= take
+		}
+		n++
+	}
+	return n
+}
+
+// checkSeq panics on a sequence id the context does not have: llama.cpp reads -1 as every
+// sequence, and asserts on ids past its last.
+func (f *fakeBackend) checkSeq(seqs ...int) {
+	for _, seq := range seqs {
+		if seq < 0 || f.seqIDs > 0 && seq >= f.seqIDs {
+			panic(fmt.Sprintf("fake: sequence id %d, the context has %d", seq, f.seqIDs))
+		}
+	}
 }
 
 func (f *fakeBackend) Logits(i int) []float32 {
@@ -114,6 +170,7 @@ func (f *fakeBackend) Logits(i int) []float32 {
 }
 
 func (f *fakeBackend) SeqRemove(seq, from, to int) bool {
+	f.checkSeq(seq)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	s := f.seqs[seq]
@@ -127,12 +184,14 @@ func (f *fakeBackend) SeqRemove(seq, from, to int) bool {
 }
 
 func (f *fakeBackend) SeqCopy(src, dst, n int) {
+	f.checkSeq(src, dst)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.seqs[dst] = append([]int32(nil), f.seqs[src][:n]...)
 }
 
 func (f *fakeBackend) SeqPosMax(seq int) int {
+	f.checkSeq(seq)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return len(f.seqs[seq]) - 1
@@ -145,6 +204,7 @@ func (f *fakeBackend) Clear() {
 }
 
 func (f *fakeBackend) SeqState(seq int, buf []byte) ([]byte, error) {
+	f.checkSeq(seq)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	out := buf[:0]
@@ -155,6 +215,7 @@ func (f *fakeBackend) SeqState(seq int, buf []byte) ([]byte, error) {
 }
 
 func (f *fakeBackend) SetSeqState(seq int, state []byte) error {
+	f.checkSeq(seq)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if len(state)%4 != 0 {
@@ -213,6 +274,7 @@ func startFake(t *testing.T, edit func(*Config)) (*Engine, *fakeBackend, func())
 		t.Fatal(err)
 	}
 	b := newFakeBackend(cfg.Cells, cfg.Cells, time.Millisecond)
+	b.seqIDs = cfg.seqIDs()
 	if !cfg.UnifiedKV {
 		b.seqCells = cfg.Cells / cfg.Sequences
 	}

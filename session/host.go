@@ -43,7 +43,9 @@ func (s *slot) poolCells() int {
 // stash moves the least recently used conversation that has stayed idle in the pool for
 // stashAfter steps out to host memory, while requests run beside it, if host memory holds
 // at most Config.HostCells tokens with it. One a step: each is a copy on the engine
-// goroutine, between the streams' tokens.
+// goroutine, between the streams' tokens. Partitions are moved out only when another
+// conversation needs one (see seqFor): a partition's cells cost no other sequence's
+// attention anything.
 func (e *Engine) stash(stats *infer.Stats) {
 	if !e.cfg.HostKV || !e.cfg.UnifiedKV || len(e.jobs) == 0 {
 		return
@@ -58,9 +60,14 @@ func (e *Engine) stash(stats *infer.Stats) {
 			victim = s
 		}
 	}
-	if victim == nil {
-		return
+	if victim != nil && e.moveOut(victim) {
+		stats.HostMoves++
 	}
+}
+
+// moveOut copies an idle conversation's sequence state to host memory and frees its
+// cells; false when the copy failed and it stays in the pool.
+func (e *Engine) moveOut(victim *slot) bool {
 	buf := e.takeSpare(len(victim.tokens) * e.cellBytes)
 	start := time.Now()
 	state, err := e.b.SeqState(victim.seq, buf)
@@ -70,7 +77,7 @@ func (e *Engine) stash(stats *infer.Stats) {
 	if err != nil || len(state) == 0 {
 		e.log.Warn("moving an idle conversation to host memory failed: it stays in the pool",
 			"session", victim.key, "tokens", len(victim.tokens), "err", err)
-		return
+		return false
 	}
 	e.b.SeqRemove(victim.seq, 0, -1)
 	victim.host = state
@@ -78,10 +85,90 @@ func (e *Engine) stash(stats *infer.Stats) {
 	e.hostBytes += len(state)
 	e.cellBytes = max(e.cellBytes, (len(state)+len(victim.tokens)-1)/len(victim.tokens))
 	e.trimSpares()
-	stats.HostMoves++
 	e.log.Debug("idle conversation moved to host memory", "session", victim.key, "tokens", len(victim.tokens),
 		"bytes", len(state), "took", time.Since(start))
+	return true
 }
+
+// seqFor gives slot s the llama.cpp sequence it is to hold its cells in, before it runs or
+// takes an import. In a unified pool that is its own, always. Without one there are only
+// Sequences of them (the partitions) for more conversations (Config.Conversations), and a
+// conversation owns one while its cells are in it. llama.cpp splits a step over partitions
+// into a pass over the weights for each run of consecutive sequence ids (see step), so s
+// takes the partition that runs nothing (never one of keep's) next to the most running
+// ones; among equals its own, then a free one, then the least recently used
+// conversation's. The idle conversation there moves out to host memory, or is dropped
+// when host memory has no room for it; s's own cells move over through host memory, or
+// stay where they are when they cannot. False when every partition runs a request; nothing
+// then changed. stats, when not nil, counts the moves and evictions.
+func (e *Engine) seqFor(s *slot, stats *infer.Stats, keep ...*slot) bool {
+	if e.cfg.UnifiedKV || !e.cfg.HostKV {
+		return s.seq >= 0 // partitions without host memory: a slot a partition, for good
+	}
+	running := make([]bool, e.cfg.Sequences+2) // by sequence id + 1, with a margin each side
+	for _, o := range e.slots {
+		if o.seq >= 0 && o.job != nil {
+			running[o.seq+1] = true
+		}
+	}
+	rank := func(o *slot) int { // higher is better
+		r := 4 * (btoi(running[o.seq]) + btoi(running[o.seq+2]))
+		switch {
+		case o == s:
+			r += 3
+		case !o.inPool():
+			r += 2
+		}
+		return r
+	}
+	var best *slot
+	for _, o := range e.slots {
+		if o.seq < 0 || o.job != nil || slices.Contains(keep, o) {
+			continue
+		}
+		if best == nil || rank(o) > rank(best) || rank(o) == rank(best) && o.inPool() && (o.replica && !best.replica ||
+			o.replica == best.replica && o.lastUsed < best.lastUsed) {
+			best = o
+		}
+	}
+	switch {
+	case best == nil:
+		return s.seq >= 0
+	case best == s:
+		return true
+	case s.seq >= 0 && s.inPool() && !e.moveOutOrDrop(s, false, stats):
+		return true // its cells stay in its partition
+	}
+	e.moveOutOrDrop(best, true, stats)
+	s.seq, best.seq = best.seq, s.seq
+	return true
+}
+
+// moveOutOrDrop moves an idle conversation's cells out of its partition to host memory,
+// when they are in one and host memory has room; else it drops the conversation if drop
+// is set. It reports whether the partition is free of the conversation's cells.
+func (e *Engine) moveOutOrDrop(s *slot, drop bool, stats *infer.Stats) bool {
+	if !s.inPool() {
+		return true
+	}
+	if e.hostTokens+len(s.tokens) <= e.hostCells && e.moveOut(s) {
+		if stats != nil {
+			stats.HostMoves++
+		}
+		return true
+	}
+	if drop {
+		e.drop(s)
+		if stats != nil {
+			stats.Evictions++
+		}
+	}
+	return drop
+}
+
+// inPool reports whether the slot's cells are in the pool (it holds tokens, not in host
+// memory).
+func (s *slot) inPool() bool { return len(s.tokens) > 0 && s.host == nil }
 
 // unstash puts a stashed conversation's cells back into the pool. On failure the
 // conversation is dropped, as an eviction would.

@@ -202,6 +202,9 @@ func (e *Engine) install(key, share string, tokens []int32, state []byte, origin
 		e.drop(v)
 	}
 	e.drop(target)
+	if !e.seqFor(target, nil) {
+		return fmt.Errorf("%w: every sequence is running", infer.ErrOverloaded)
+	}
 	if err := e.setState(target, state, len(tokens)); err != nil {
 		return fmt.Errorf("%w: %w", infer.ErrFrame, err)
 	}

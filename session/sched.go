@@ -141,6 +141,7 @@ func (e *Engine) resume(j *job, p placement, stats *infer.Stats) {
 		e.drop(s)
 		stats.Evictions++
 	}
+	e.seqFor(s, stats)
 	state, tokens := j.parkedState, j.parkedTokens
 	j.parkedState, j.parkedTokens = nil, nil
 	if err := e.b.SetSeqState(s.seq, state); err != nil {
@@ -409,6 +410,7 @@ func (e *Engine) start(j *job, p placement, stats *infer.Stats) {
 		e.drop(s)
 		stats.Evictions++
 	}
+	e.seqFor(s, stats) // a sequence runs beside fewer than Sequences, so one is free or idle
 	e.restore(&p)
 	cached := p.reuse // from the conversation's own cache
 	if p.from != nil {
@@ -456,10 +458,13 @@ func (e *Engine) restore(p *placement) {
 	}
 }
 
-// drop forgets a slot's conversation and frees its KV cells.
+// drop forgets a slot's conversation and frees its KV cells (a partition it holds stays
+// its own, free for the next conversation it or seqFor places there).
 func (e *Engine) drop(s *slot) {
 	e.forget(s)
-	e.b.SeqRemove(s.seq, 0, -1)
+	if s.seq >= 0 { // a negative id would be every sequence's
+		e.b.SeqRemove(s.seq, 0, -1)
+	}
 	e.unhold(s)
 	s.tokens, s.key = s.tokens[:0], ""
 }
@@ -597,8 +602,7 @@ func (e *Engine) step(stats *infer.Stats) {
 	e.catchUp(stats)
 	b := e.batch
 	b.Clear()
-	decoding := 0
-	var stalled []*job
+	var feeds, stalled []*job // feeds: a token for each decoding request, then prefill chunks
 	pauseBatch := e.interactivePrefill()
 	for _, j := range e.jobs {
 		j.logitIdx, j.fed, j.scored = -1, 0, j.scored[:0]
@@ -609,17 +613,24 @@ func (e *Engine) step(stats *infer.Stats) {
 			stalled = append(stalled, j)
 			continue
 		}
-		j.logitIdx = b.Add(j.pending[0], len(j.slot.tokens), j.slot.seq, true)
 		j.fed = 1
-		decoding++
+		feeds = append(feeds, j)
 	}
+	decoding := len(feeds)
 	stats.MaxDecoding = max(stats.MaxDecoding, decoding)
 	e.stalled = len(stalled)
-	for _, j := range e.prefillOrder(decoding, stats.PrefillRate) {
+	feeds = append(feeds, e.prefillOrder(decoding, stats.PrefillRate)...)
+	if !e.cfg.UnifiedKV {
+		// llama.cpp splits a batch over partitions into micro-batches of consecutive
+		// sequence ids, lowest first, each a pass over the weights: in id order, with the
+		// running sequences packed low (see seqFor), the rows take one.
+		slices.SortStableFunc(feeds, func(a, b *job) int { return a.slot.seq - b.slot.seq })
+	}
+	for _, j := range feeds {
 		for i, tok := range j.pending[:j.fed] {
-			last := i == len(j.pending)-1
+			last := j.gen > 0 || i == len(j.pending)-1 // a decoding row, or the prompt's last token
 			idx := b.Add(tok, len(j.slot.tokens)+i, j.slot.seq, last || j.req.PromptLogprobs)
-			if j.req.PromptLogprobs {
+			if j.req.PromptLogprobs && j.gen == 0 {
 				j.scored = append(j.scored, idx)
 			}
 			if last {
@@ -859,7 +870,10 @@ func (e *Engine) publishStats(counters *infer.Stats) {
 	s.HostTokens = e.hostTokens
 	if e.b != nil {
 		for _, sl := range e.slots {
-			used := e.b.SeqPosMax(sl.seq) + 1
+			used := 0
+			if sl.seq >= 0 {
+				used = e.b.SeqPosMax(sl.seq) + 1
+			}
 			s.KVUsed += used
 			if sl.job != nil {
 				s.KVActive += used

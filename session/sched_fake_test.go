@@ -275,7 +275,7 @@ func TestFakeShareDomains(t *testing.T) {
 // (forged, or spliced) is refused, and changes no conversation.
 func TestFakeImportPositions(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		e, b, stop := startFake(t, nil)
+		e, _, stop := startFake(t, nil)
 		defer stop()
 		ask(t, e, "keep", "a conversation that must not change", 3)
 		frame := func(tokens, stateTokens int) []byte {
@@ -283,7 +283,7 @@ func TestFakeImportPositions(t *testing.T) {
 			for i := range toks {
 				toks[i] = int32(3 + i)
 			}
-			state, _ := b.SeqState(-1, nil)
+			var state []byte // the fake's: a token a 4 bytes
 			for i := range stateTokens {
 				state = append(state, byte(3+i), 0, 0, 0)
 			}
@@ -740,6 +740,128 @@ func TestFakeHostKV(t *testing.T) {
 				background(t, e, 50).Collect()
 				if st := e.Stats(); st.HostMoves != 0 {
 					t.Errorf("%d moved to host memory", st.HostMoves)
+				}
+			})
+		})
+	}
+}
+
+// TestFakePartitions: without a unified pool, more conversations than partitions take
+// turns in them: a conversation that needs a partition when none is free moves the least
+// recently used idle one's cells to host memory (its frame unchanged, its next turn
+// cached), or drops it when host memory has no room or HostKV is off.
+func TestFakePartitions(t *testing.T) {
+	prompts := map[string]string{
+		"a": strings.Repeat("first conversation words ", 8),
+		"b": strings.Repeat("second conversation here ", 8),
+		"c": strings.Repeat("third one talks on ", 8),
+	}
+	partitioned := func(host bool, hostCells int) func(*Config) {
+		return func(c *Config) { c.UnifiedKV, c.Sequences, c.HostKV, c.HostCells = false, 2, host, hostCells }
+	}
+	t.Run("moved to host memory", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			e, _, stop := startFake(t, partitioned(true, 0))
+			defer stop()
+			texts := map[string]string{}
+			for _, k := range []string{"a", "b"} {
+				texts[k], _, _ = ask(t, e, k, prompts[k], 4)
+			}
+			var before bytes.Buffer
+			held, err := e.Export(t.Context(), "a", &before)
+			if err != nil {
+				t.Fatal(err)
+			}
+			texts["c"], _, _ = ask(t, e, "c", prompts["c"], 4) // both partitions are held: a's moves out
+			st := e.Stats()
+			if st.HostMoves != 1 || st.HostTokens != held || st.Evictions != 0 || st.Conversations != 3 || !e.Holds("a") {
+				t.Errorf("a third conversation in two partitions: %d moved, %d tokens in host memory, %d evicted, %d held, a held %v; want 1, %d, 0, 3, true",
+					st.HostMoves, st.HostTokens, st.Evictions, st.Conversations, e.Holds("a"), held)
+			}
+			var after bytes.Buffer
+			if _, err := e.Export(t.Context(), "a", &after); err != nil || !bytes.Equal(before.Bytes(), after.Bytes()) {
+				t.Errorf("a's frame from host memory differs from its partition's (err %v)", err)
+			}
+			next := prompts["a"] + texts["a"] + " and then"
+			text, _, cached := ask(t, e, "a", next, 4) // b's partition is the least recently used
+			if cached != held || text != answer(next, 4) {
+				t.Errorf("a's next turn: %d cached, %q; want %d, %q", cached, text, held, answer(next, 4))
+			}
+			if st := e.Stats(); st.HostMoves != 2 || st.Evictions != 0 || st.Conversations != 3 {
+				t.Errorf("after a's next turn: %d moved, %d evicted, %d held; want 2, 0, 3", st.HostMoves, st.Evictions, st.Conversations)
+			}
+			// Two at once: both partitions run, and every conversation stays held.
+			var streams []*Stream
+			for _, k := range []string{"b", "c"} {
+				st, err := e.Submit(t.Context(), infer.Request{SessionID: k, Prompt: prompts[k] + texts[k] + " more", MaxTokens: 4, Sampling: infer.Greedy()})
+				if err != nil {
+					t.Fatal(err)
+				}
+				streams = append(streams, st)
+			}
+			for i, k := range []string{"b", "c"} {
+				got, _, err := streams[i].Collect()
+				if p := prompts[k] + texts[k] + " more"; err != nil || got != answer(p, 4) {
+					t.Errorf("%s beside another: %q, %v; want %q", k, got, err, answer(p, 4))
+				}
+				if _, cached, _ := streams[i].Admitted(); cached == 0 {
+					t.Errorf("%s found nothing cached", k)
+				}
+			}
+			if st := e.Stats(); st.Conversations != 3 || st.Evictions != 0 {
+				t.Errorf("%d held, %d evicted; want 3, 0", st.Conversations, st.Evictions)
+			}
+		})
+	})
+	t.Run("packed", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			e, b, stop := startFake(t, func(c *Config) { c.UnifiedKV, c.Sequences = false, 4 })
+			defer stop()
+			own := map[string]string{}
+			for _, k := range []string{"a", "b", "c", "d"} { // in partitions 0-3
+				own[k] = strings.Repeat("words of "+k+" ", 8)
+				ask(t, e, k, own[k], 4)
+			}
+			beside := func(long, short string) {
+				t.Helper()
+				st, err := e.Submit(t.Context(), infer.Request{SessionID: long, Prompt: own[long] + " go on", MaxTokens: 40, Sampling: infer.Greedy()})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if text, _, _ := ask(t, e, short, own[short]+" and", 8); text != answer(own[short]+" and", 8) {
+					t.Errorf("%s beside %s: %q", short, long, text)
+				}
+				if _, _, err := st.Collect(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			beside("b", "a") // admitted after b, a decodes in a lower partition: in id order, one pass
+			beside("a", "d") // d's partition is not next to a's: d moves next to it
+			if b.scattered != 0 {
+				t.Errorf("%d steps of one token a sequence took more than one pass over the weights", b.scattered)
+			}
+			if st := e.Stats(); st.HostMoves == 0 || st.Evictions != 0 {
+				t.Errorf("%d moved to host memory, %d evicted; want some, 0", st.HostMoves, st.Evictions)
+			}
+		})
+	})
+	for _, c := range []struct {
+		name      string
+		host      bool
+		hostCells int
+	}{
+		{"host memory full", true, 8},
+		{"off", false, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				e, _, stop := startFake(t, partitioned(c.host, c.hostCells))
+				defer stop()
+				for _, k := range []string{"a", "b", "c"} {
+					ask(t, e, k, prompts[k], 4)
+				}
+				if st := e.Stats(); st.HostMoves != 0 || st.Evictions != 1 || st.Conversations != 2 || e.Holds("a") {
+					t.Errorf("%d moved, %d evicted, %d held, a held %v; want 0, 1, 2, false", st.HostMoves, st.Evictions, st.Conversations, e.Holds("a"))
 				}
 			})
 		})
