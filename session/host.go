@@ -93,15 +93,15 @@ func (e *Engine) moveOut(victim *slot) bool {
 // seqFor gives slot s the llama.cpp sequence it is to hold its cells in, before it runs or
 // takes an import. In a unified pool that is its own, always. Without one there are only
 // Sequences of them (the partitions) for more conversations (Config.Conversations), and a
-// conversation owns one while its cells are in it. llama.cpp splits a step over partitions
-// into a pass over the weights for each run of consecutive sequence ids (see step), so s
-// takes the partition that runs nothing (never one of keep's) next to the most running
-// ones; among equals its own, then a free one, then the least recently used
-// conversation's. The idle conversation there moves out to host memory, or is dropped
-// when host memory has no room for it; s's own cells move over through host memory, or
-// stay where they are when they cannot. False when every partition runs a request; nothing
-// then changed. stats, when not nil, counts the moves and evictions.
-func (e *Engine) seqFor(s *slot, stats *infer.Stats, keep ...*slot) bool {
+// conversation owns one while its cells are in it. llama.cpp splits a step over
+// partitions into a pass over the weights for each run of consecutive sequence ids (see
+// step), so s takes the partition that runs nothing next to the most running ones; among
+// equals its own, then a free one, then the least recently used conversation's. The idle
+// conversation there moves out to host memory, or is dropped when host memory has no room
+// for it; s's own cells move over through host memory, or stay where they are when they
+// cannot. False when every partition runs a request (the caller runs fewer, so never at
+// admission); nothing then changed. stats, when not nil, counts the moves and evictions.
+func (e *Engine) seqFor(s *slot, stats *infer.Stats) bool {
 	if e.cfg.UnifiedKV || !e.cfg.HostKV {
 		return s.seq >= 0 // partitions without host memory: a slot a partition, for good
 	}
@@ -123,7 +123,7 @@ func (e *Engine) seqFor(s *slot, stats *infer.Stats, keep ...*slot) bool {
 	}
 	var best *slot
 	for _, o := range e.slots {
-		if o.seq < 0 || o.job != nil || slices.Contains(keep, o) {
+		if o.seq < 0 || o.job != nil {
 			continue
 		}
 		if best == nil || rank(o) > rank(best) || rank(o) == rank(best) && o.inPool() && (o.replica && !best.replica ||
