@@ -52,8 +52,7 @@ func (e *Engine) stash(stats *infer.Stats) {
 	}
 	var victim *slot
 	for _, s := range e.slots {
-		if s.job != nil || s.host != nil || len(s.tokens) == 0 || e.tick-s.lastUsed < stashAfter ||
-			e.hostTokens+len(s.tokens) > e.hostCells {
+		if s.job != nil || !s.inPool() || e.tick-s.lastUsed < stashAfter || !e.hostRoom(s) {
 			continue
 		}
 		if victim == nil || s.lastUsed < victim.lastUsed {
@@ -126,8 +125,7 @@ func (e *Engine) seqFor(s *slot, stats *infer.Stats) bool {
 		if o.seq < 0 || o.job != nil {
 			continue
 		}
-		if best == nil || rank(o) > rank(best) || rank(o) == rank(best) && o.inPool() && (o.replica && !best.replica ||
-			o.replica == best.replica && o.lastUsed < best.lastUsed) {
+		if best == nil || rank(o) > rank(best) || rank(o) == rank(best) && o.inPool() && o.evictsBefore(best) {
 			best = o
 		}
 	}
@@ -151,7 +149,7 @@ func (e *Engine) moveOutOrDrop(s *slot, drop bool, stats *infer.Stats) bool {
 	if !s.inPool() {
 		return true
 	}
-	if e.hostTokens+len(s.tokens) <= e.hostCells && e.moveOut(s) {
+	if e.hostRoom(s) && e.moveOut(s) {
 		if stats != nil {
 			stats.HostMoves++
 		}
@@ -165,6 +163,10 @@ func (e *Engine) moveOutOrDrop(s *slot, drop bool, stats *infer.Stats) bool {
 	}
 	return drop
 }
+
+// hostRoom reports whether host memory holds s's tokens beside those it holds already
+// (Config.HostCells).
+func (e *Engine) hostRoom(s *slot) bool { return e.hostTokens+len(s.tokens) <= e.hostCells }
 
 // inPool reports whether the slot's cells are in the pool (it holds tokens, not in host
 // memory).

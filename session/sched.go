@@ -358,11 +358,17 @@ func (e *Engine) lru(exclude []*slot, inPool bool) *slot {
 		if s.job != nil || len(s.tokens) == 0 || slices.Contains(exclude, s) || (inPool && s.host != nil) {
 			continue
 		}
-		if best == nil || (s.replica && !best.replica) || (s.replica == best.replica && s.lastUsed < best.lastUsed) {
+		if best == nil || s.evictsBefore(best) {
 			best = s
 		}
 	}
 	return best
+}
+
+// evictsBefore reports whether idle slot s goes before o when one must make room: a
+// replica before a conversation served here, the least recently used among equals.
+func (s *slot) evictsBefore(o *slot) bool {
+	return s.replica && !o.replica || s.replica == o.replica && s.lastUsed < o.lastUsed
 }
 
 func commonPrefix(a, b []int32) int {
