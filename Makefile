@@ -257,12 +257,14 @@ bench-compare: build bench-model .build/ollama
 # at 1x, 2x and 4x, goodput at 90% attainment. Sampled at temperature 1: greedy, the
 # benchmark model's random weights loop and ollama cuts such answers short (see
 # docs/BENCHMARKS.md, "ollama's failed answers: its repeat guard on a looping model").
+# INFERNODE_ARGS adds infernode flags (--kv-unified=false --ctx 16384 --flash-attn=false).
 RATES ?= 0.25,0.5,1,1.5,2,3
 RATE_DURATION ?= 60s
 bench-goodput: build bench-model .build/ollama
 	$(GO) test -c -o .build/llama.test ./session/llama
 	$(BIN)/benchcompare --ollama .build/ollama --model $(BENCH_MODEL) --rounds $(or $(GOODPUT_ROUNDS),2) \
-		--goodput .build/llama.test --rates $(RATES) --rate-duration $(RATE_DURATION) --temperature 1
+		--goodput .build/llama.test --rates $(RATES) --rate-duration $(RATE_DURATION) --temperature 1 \
+		--infernode-args "$(INFERNODE_ARGS)"
 
 # bench-cluster-compare: CLUSTER_NODES infernode nodes against as many ollama servers behind
 # nginx (round robin, and consistent hash on the session header), each backend pinned to a

@@ -41,7 +41,7 @@ func TestChaosShort(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			cfg := Config{Binary: binary, Model: model, LogDir: logs,
+			cfg := Config{Binary: binary, Model: model, LogDir: logs, Engine: strings.Fields(os.Getenv("INFERNODE_CHAOS_ENGINE")),
 				Args: []string{"--ctx", "8192", "--threads", "1", "--log-level", "info"}}
 			runChecked(t, cfg, s)
 		})

@@ -36,6 +36,11 @@ type Config struct {
 	HTTPPort, GossipPort int
 	// Args are extra flags for every node.
 	Args []string
+	// Engine are flags of the engine's layout (--kv-unified=false, --flash-attn=false, a
+	// KV cache type, the --ctx a layout needs) for every node, winning over Args, and for
+	// the reference node too: its answers are the same text as a node's only on the same
+	// arithmetic.
+	Engine []string
 	// Secret is the cluster secret every node gets (through INFERNODE_CLUSTER_SECRET, so
 	// it does not show in process listings). Empty: Start makes a random one.
 	Secret string
@@ -148,7 +153,7 @@ func (c *Cluster) Add(ctx context.Context, id string, extra ...string) (*Node, e
 	if i > 0 {
 		args = append(args, "--join", c.Nodes[0].GossipAddr)
 	}
-	args = append(append(args, c.cfg.Args...), extra...)
+	args = slices.Concat(args, c.cfg.Args, extra, c.cfg.Engine)
 	n := &Node{ID: id, Model: model, args: args, binary: c.cfg.Binary, cfg: &c.cfg, Host: host}
 	if c.cfg.Pin {
 		n.pin = strconv.Itoa(i % runtime.NumCPU())

@@ -106,8 +106,8 @@ func startReference(ctx context.Context, cfg Config) (*Node, func(), error) {
 		bin = cfg.Upgrade
 	}
 	ref := &Node{ID: "reference", standalone: true, binary: bin, cfg: &Config{LogDir: cfg.LogDir},
-		args: []string{"--model", cfg.Model, "--id", "reference", "--log-format", "json", "--addr", "127.0.0.1:0",
-			"--threads", "1", "--ctx", "8192"}}
+		args: append([]string{"--model", cfg.Model, "--id", "reference", "--log-format", "json", "--addr", "127.0.0.1:0",
+			"--threads", "1", "--ctx", "8192"}, cfg.Engine...)}
 	if err := ref.start(ctx); err != nil {
 		return nil, nil, err
 	}

@@ -65,6 +65,7 @@ func chaos(args []string) int {
 	out := fs.String("out", ".build/chaos", "directory for JSON reports and node logs")
 	only := fs.String("only", "", "run only the scenario of this name")
 	nodeArgs := fs.String("node-args", "", "more flags for every node (a scenario's own flags win over them), e.g. \"--place-margin 2\"")
+	engine := fs.String("engine", "", "flags of the engine's layout for every node and the reference node, e.g. \"--kv-unified=false --flash-attn=false\"")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -91,7 +92,7 @@ func chaos(args []string) int {
 		os.RemoveAll(dir) // node logs append: start each run's afresh
 		os.MkdirAll(dir, 0o755)
 		threads := max(1, runtime.NumCPU()/s.Nodes)
-		rep, err := testbed.RunScenario(ctx, testbed.Config{Binary: *binary, Model: *model, LogDir: dir,
+		rep, err := testbed.RunScenario(ctx, testbed.Config{Binary: *binary, Model: *model, LogDir: dir, Engine: strings.Fields(*engine),
 			Args: append([]string{"--threads", strconv.Itoa(threads), "--log-level", "info"}, strings.Fields(*nodeArgs)...)}, s)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "scenario %s: %v\n", s.Name, err)
