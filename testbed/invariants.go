@@ -510,8 +510,8 @@ const (
 // owner repeated it, a token outside the reference's five likeliest. When the seam falls on
 // a near-tie the gap can be small: a resume given three bytes too few (broken on purpose,
 // when resumes went by text) was caught at gaps of 0.032, 0.33 and 0.69. A plain near-tie
-// lands there too, and more often than elsewhere: the token after a seam comes from a
-// fresh prefill of everything before it, where the reference decoded one token at a time.
+// lands there too: the token after a seam comes from a fresh prefill of everything before
+// it, where the reference decoded one token at a time.
 // Seen 3 bytes after a seam in CI (pause-resume, 2026-12-06): a gap of 0.0066, which failed
 // the bound of 0.005 set before; 0.02 sits 3x above it and 1.6x below the closest fault.
 // Two long runs failed on near-ties 16 bytes after a seam (gap 0.0011, the same tie other
