@@ -98,11 +98,12 @@ func (e *Engine) moveOut(victim *slot) bool {
 // equals its own, then a free one, then the least recently used conversation's. The idle
 // conversation there moves out to host memory, or is dropped when host memory has no room
 // for it; s's own cells move over through host memory, or stay where they are when they
-// cannot. False when every partition runs a request (the caller runs fewer, so never at
-// admission); nothing then changed. stats, when not nil, counts the moves and evictions.
-func (e *Engine) seqFor(s *slot, stats *infer.Stats) bool {
+// cannot. When every partition runs a request s keeps none: admission runs fewer than
+// Sequences, and an import asks seatable first. stats, when not nil, counts the moves and
+// evictions.
+func (e *Engine) seqFor(s *slot, stats *infer.Stats) {
 	if e.cfg.UnifiedKV || !e.cfg.HostKV {
-		return s.seq >= 0 // partitions without host memory: a slot a partition, for good
+		return // a slot a sequence, for good: its own, or a partition without host memory
 	}
 	running := make([]bool, e.cfg.Sequences+2) // by sequence id + 1, with a margin each side
 	for _, o := range e.slots {
@@ -122,25 +123,28 @@ func (e *Engine) seqFor(s *slot, stats *infer.Stats) bool {
 	}
 	var best *slot
 	for _, o := range e.slots {
-		if o.seq < 0 || o.job != nil {
+		if !o.idlePartition() {
 			continue
 		}
 		if best == nil || rank(o) > rank(best) || rank(o) == rank(best) && o.inPool() && o.evictsBefore(best) {
 			best = o
 		}
 	}
-	switch {
-	case best == nil:
-		return s.seq >= 0
-	case best == s:
-		return true
-	case s.seq >= 0 && s.inPool() && !e.moveOutOrDrop(s, false, stats):
-		return true // its cells stay in its partition
+	if best == nil || best == s || s.seq >= 0 && s.inPool() && !e.moveOutOrDrop(s, false, stats) {
+		return // it keeps what it has: no partition to take, its own, or cells that stay in it
 	}
 	e.moveOutOrDrop(best, true, stats)
 	s.seq, best.seq = best.seq, s.seq
-	return true
 }
+
+// seatable reports whether s holds a sequence after seqFor: one of its own, or a partition
+// no request runs in. Nothing changes.
+func (e *Engine) seatable(s *slot) bool {
+	return s.seq >= 0 || slices.ContainsFunc(e.slots, (*slot).idlePartition)
+}
+
+// idlePartition reports whether the slot holds a sequence no request runs in.
+func (s *slot) idlePartition() bool { return s.seq >= 0 && s.job == nil }
 
 // moveOutOrDrop moves an idle conversation's cells out of its partition to host memory,
 // when they are in one and host memory has room; else it drops the conversation if drop

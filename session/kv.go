@@ -194,6 +194,9 @@ func (e *Engine) install(key, share string, tokens []int32, state []byte, origin
 		}
 		return nil
 	}
+	if !e.seatable(target) {
+		return fmt.Errorf("%w: every sequence is running", infer.ErrOverloaded)
+	}
 	evict, ok := e.roomFor(target, len(tokens), nil)
 	if !ok {
 		return fmt.Errorf("%w: no room for %d cells", infer.ErrOverloaded, len(tokens))
@@ -202,9 +205,7 @@ func (e *Engine) install(key, share string, tokens []int32, state []byte, origin
 		e.drop(v)
 	}
 	e.drop(target)
-	if !e.seqFor(target, nil) {
-		return fmt.Errorf("%w: every sequence is running", infer.ErrOverloaded)
-	}
+	e.seqFor(target, nil)
 	if err := e.setState(target, state, len(tokens)); err != nil {
 		return fmt.Errorf("%w: %w", infer.ErrFrame, err)
 	}

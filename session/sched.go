@@ -629,7 +629,7 @@ func (e *Engine) step(stats *infer.Stats) {
 	if !e.cfg.UnifiedKV {
 		// llama.cpp splits a batch over partitions into micro-batches of consecutive
 		// sequence ids, lowest first, each a pass over the weights: in id order, with the
-		// running sequences packed low (see seqFor), the rows take one.
+		// running sequences next to each other (see seqFor), the rows take one.
 		slices.SortStableFunc(feeds, func(a, b *job) int { return a.slot.seq - b.slot.seq })
 	}
 	for _, j := range feeds {

@@ -845,6 +845,48 @@ func TestFakePartitions(t *testing.T) {
 			}
 		})
 	})
+	t.Run("import while every partition runs", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			// A longer copy of a, from an engine where it ran a second turn.
+			from, _, stopFrom := startFake(t, nil)
+			defer stopFrom()
+			first, _, _ := ask(t, from, "a", prompts["a"], 4)
+			ask(t, from, "a", prompts["a"]+first+" and then", 4)
+			var frame bytes.Buffer
+			if _, err := from.Export(t.Context(), "a", &frame); err != nil {
+				t.Fatal(err)
+			}
+			e, _, stop := startFake(t, partitioned(true, 0))
+			defer stop()
+			texts := map[string]string{}
+			for _, k := range []string{"a", "b", "c"} { // a's moves out to host memory
+				texts[k], _, _ = ask(t, e, k, prompts[k], 4)
+			}
+			held := e.Stats().HostTokens
+			var streams []*Stream
+			for _, k := range []string{"b", "c"} {
+				st, err := e.Submit(t.Context(), infer.Request{SessionID: k, Prompt: prompts[k] + texts[k] + " more", MaxTokens: 40, Sampling: infer.Greedy()})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := st.Recv(); err != nil { // running
+					t.Fatal(err)
+				}
+				streams = append(streams, st)
+			}
+			if _, err := e.Import(t.Context(), frame.Bytes(), infer.Pushed, ""); !errors.Is(err, infer.ErrOverloaded) {
+				t.Errorf("an import while both partitions run: %v, want ErrOverloaded", err)
+			}
+			if st := e.Stats(); !e.Holds("a") || st.HostTokens != held {
+				t.Errorf("the refused import changed a's copy: held %v, %d tokens in host memory; want true, %d", e.Holds("a"), st.HostTokens, held)
+			}
+			for _, st := range streams {
+				if _, _, err := st.Collect(); err != nil {
+					t.Fatal(err)
+				}
+			}
+		})
+	})
 	for _, c := range []struct {
 		name      string
 		host      bool
